@@ -1,0 +1,369 @@
+//! Communicators: a group of processes with an isolated tag space.
+
+use std::cell::{Cell, RefCell};
+use std::rc::Rc;
+
+use bytemuck::Pod;
+use fmx_transport::lend::LendTable;
+
+use crate::bootstrap::Bootstrap;
+use crate::engine::{Engine, Members, RawStatus, WaitsOn};
+use crate::error::{Error, Result};
+use crate::scope::Scope;
+use crate::status::{Source, Status, Tag, TAG_UB};
+
+/// State shared by every communicator of the process.
+pub(crate) struct Shared {
+    pub(crate) engine: RefCell<Engine>,
+    pub(crate) lend: RefCell<LendTable>,
+    pub(crate) boot: RefCell<Bootstrap>,
+    pub(crate) finalized: Cell<bool>,
+    /// Highest context id in use by this process (contexts come in pairs).
+    pub(crate) max_ctx: Cell<u32>,
+}
+
+impl Shared {
+    pub(crate) fn check_live(&self, what: &'static str) -> Result<()> {
+        if self.finalized.get() {
+            Err(Error::Finalized(what))
+        } else {
+            Ok(())
+        }
+    }
+}
+
+pub(crate) const NOT_MEMBER: u32 = u32::MAX;
+
+/// An intra-communicator: ranks `0..size`, point-to-point and collectives.
+///
+/// Each communicator has two contexts, one for point-to-point and one for
+/// its collectives, so user messages never match collective traffic and
+/// communicators never see each other's messages.
+pub struct Comm {
+    pub(crate) sh: Rc<Shared>,
+    pub(crate) ctx: u32,
+    pub(crate) rank: u32,
+    /// Communicator rank -> world rank.
+    pub(crate) members: Members,
+    /// World rank -> communicator rank (or `NOT_MEMBER`).
+    pub(crate) world_to_comm: Rc<[u32]>,
+}
+
+impl std::fmt::Debug for Comm {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Comm")
+            .field("ctx", &self.ctx)
+            .field("rank", &self.rank)
+            .field("size", &self.size())
+            .finish()
+    }
+}
+
+impl Comm {
+    pub(crate) fn new(sh: Rc<Shared>, ctx: u32, members: Vec<u32>, world_size: u32) -> Self {
+        let me = sh.engine.borrow().world_rank();
+        let mut world_to_comm = vec![NOT_MEMBER; world_size as usize];
+        for (r, &w) in members.iter().enumerate() {
+            world_to_comm[w as usize] = r as u32;
+        }
+        let rank = world_to_comm[me as usize];
+        sh.max_ctx.set(sh.max_ctx.get().max(ctx + 1));
+        Self {
+            sh,
+            ctx,
+            rank,
+            members: members.into(),
+            world_to_comm: world_to_comm.into(),
+        }
+    }
+
+    /// This process's rank.
+    pub fn rank(&self) -> u32 {
+        self.rank
+    }
+
+    /// Number of processes.
+    pub fn size(&self) -> u32 {
+        self.members.len() as u32
+    }
+
+    /// The world rank of communicator rank `r`.
+    pub fn world_rank_of(&self, r: u32) -> Option<u32> {
+        self.members.get(r as usize).copied()
+    }
+
+    /// Name of the transport under this communicator.
+    pub fn transport_name(&self) -> &'static str {
+        self.sh.engine.borrow().tp.name()
+    }
+
+    pub(crate) fn check_rank(&self, what: &'static str, r: u32) -> Result<u32> {
+        self.members
+            .get(r as usize)
+            .copied()
+            .ok_or(Error::InvalidRank {
+                what,
+                rank: i64::from(r),
+                size: self.size(),
+            })
+    }
+
+    pub(crate) fn check_tag(tag: i32) -> Result<u32> {
+        u32::try_from(tag).map_err(|_| Error::InvalidTag {
+            tag: i64::from(tag),
+            max: TAG_UB as u32,
+        })
+    }
+
+    pub(crate) fn source_filter(&self, src: Source) -> Result<(Option<u32>, WaitsOn)> {
+        match src {
+            Source::Any => Ok((None, WaitsOn::AnyOf(self.members.clone()))),
+            Source::Rank(r) => {
+                let w = self.check_rank("receive source", r)?;
+                Ok((Some(w), WaitsOn::Peer(w)))
+            }
+        }
+    }
+
+    pub(crate) fn tag_filter(tag: Tag) -> Result<Option<u32>> {
+        match tag {
+            Tag::Any => Ok(None),
+            Tag::Value(t) => Self::check_tag(t).map(Some),
+        }
+    }
+
+    /// Turns an engine status into the user's, in this communicator's ranks.
+    pub(crate) fn status(&self, raw: RawStatus, elem_size: usize) -> Result<Status> {
+        let source = self
+            .world_to_comm
+            .get(raw.src as usize)
+            .copied()
+            .unwrap_or(NOT_MEMBER);
+        if raw.sent > raw.capacity {
+            return Err(Error::Truncated {
+                source_rank: source,
+                tag: raw.tag,
+                sent: raw.sent,
+                capacity: raw.capacity,
+            });
+        }
+        let elem = elem_size.max(1) as u64;
+        if raw.sent % elem != 0 {
+            return Err(Error::PartialElement {
+                source_rank: source,
+                bytes: raw.sent,
+                elem_size,
+            });
+        }
+        Ok(Status {
+            source,
+            tag: raw.tag as i32,
+            count: (raw.sent / elem) as usize,
+            bytes: raw.sent,
+        })
+    }
+
+    /// Rewrites world ranks in an error into this communicator's ranks.
+    pub(crate) fn localize(&self, e: Error) -> Error {
+        match e {
+            Error::PeerGone {
+                world_rank,
+                during,
+                reason,
+                ..
+            } => Error::PeerGone {
+                rank: self
+                    .world_to_comm
+                    .get(world_rank as usize)
+                    .copied()
+                    .unwrap_or(NOT_MEMBER),
+                world_rank,
+                during,
+                reason,
+            },
+            e => e,
+        }
+    }
+
+    /// Runs `f` with a [`Scope`] in which non-blocking operations may borrow
+    /// buffers; every operation started in the scope is complete when `scope`
+    /// returns (even if the closure returned early with an error).
+    pub fn scope<'env, R>(
+        &self,
+        f: impl for<'s> FnOnce(&'s Scope<'s, 'env>) -> Result<R>,
+    ) -> Result<R> {
+        self.sh.check_live("scope")?;
+        fmx_transport::lend::lend_scope(&self.sh.lend, |lender| {
+            let scope = Scope::new(self, lender);
+            let r = f(&scope);
+            let fin = scope.finish();
+            let r = r?;
+            fin?;
+            Ok(r)
+        })
+    }
+
+    /// Blocking send (returns when `buf` may be reused).
+    pub fn send<T: Pod>(&self, buf: &[T], dest: u32, tag: i32) -> Result<()> {
+        self.scope(|s| {
+            let r = s.isend(buf, dest, tag)?;
+            s.wait(r).map(drop)
+        })
+    }
+
+    /// Blocking receive; the status tells the source, tag and count.
+    pub fn recv<T: Pod>(
+        &self,
+        buf: &mut [T],
+        src: impl Into<Source>,
+        tag: impl Into<Tag>,
+    ) -> Result<Status> {
+        let (src, tag) = (src.into(), tag.into());
+        self.scope(|s| {
+            let r = s.irecv(buf, src, tag)?;
+            s.wait(r)
+        })
+    }
+
+    /// Sends `sbuf` to `dest` and receives into `rbuf` from `src` at once (no deadlock).
+    pub fn sendrecv<T: Pod, U: Pod>(
+        &self,
+        sbuf: &[T],
+        dest: u32,
+        stag: i32,
+        rbuf: &mut [U],
+        src: impl Into<Source>,
+        rtag: impl Into<Tag>,
+    ) -> Result<Status> {
+        let (src, rtag) = (src.into(), rtag.into());
+        self.scope(|s| {
+            let r = s.irecv(rbuf, src, rtag)?;
+            let w = s.isend(sbuf, dest, stag)?;
+            s.wait(w)?;
+            s.wait(r)
+        })
+    }
+
+    /// Status of the next message that a receive of (`src`, `tag`) would take, without taking it; `None` if none arrived yet.
+    pub fn iprobe(&self, src: impl Into<Source>, tag: impl Into<Tag>) -> Result<Option<Status>> {
+        self.sh.check_live("iprobe")?;
+        let (s, _) = self.source_filter(src.into())?;
+        let t = Self::tag_filter(tag.into())?;
+        let raw =
+            self.sh
+                .engine
+                .borrow_mut()
+                .probe(&mut self.sh.lend.borrow_mut(), self.ctx, s, t)?;
+        raw.map(|r| self.status(r, 1)).transpose()
+    }
+
+    /// Waits until a message that a receive of (`src`, `tag`) would take is there; its status (count in bytes).
+    pub fn probe(&self, src: impl Into<Source>, tag: impl Into<Tag>) -> Result<Status> {
+        let (src, tag) = (src.into(), tag.into());
+        let (_, waits_on) = self.source_filter(src)?;
+        let mut spins = 0u32;
+        let started = std::time::Instant::now();
+        loop {
+            if let Some(st) = self.iprobe(src, tag)? {
+                return Ok(st);
+            }
+            spins += 1;
+            if spins > 128 {
+                std::thread::yield_now();
+                if started.elapsed() > std::time::Duration::from_millis(20) && spins % 64 == 0 {
+                    self.probe_liveness(&waits_on)?;
+                }
+            }
+        }
+    }
+
+    fn probe_liveness(&self, waits_on: &WaitsOn) -> Result<()> {
+        let mut e = self.sh.engine.borrow_mut();
+        let peers: Vec<u32> = match waits_on {
+            WaitsOn::Peer(p) => vec![*p],
+            WaitsOn::AnyOf(ps) => ps
+                .iter()
+                .copied()
+                .filter(|&p| p != e.world_rank())
+                .collect(),
+        };
+        let gone: Vec<_> = peers.iter().map(|&p| (p, e.tp_peer_gone(p))).collect();
+        if !gone.is_empty() && gone.iter().all(|(_, g)| *g) {
+            let w = gone[0].0;
+            return Err(self.localize(Error::PeerGone {
+                rank: w,
+                world_rank: w,
+                during: "probing".into(),
+                reason: "its process exited or finalized".into(),
+            }));
+        }
+        Ok(())
+    }
+
+    /// Drives progress once (FM's extract): useful while computing.
+    pub fn progress(&self) -> Result<usize> {
+        self.sh.check_live("progress")?;
+        self.sh
+            .engine
+            .borrow_mut()
+            .progress(&mut self.sh.lend.borrow_mut())
+    }
+
+    /// A context id pair agreed by all members (a collective over this communicator).
+    pub(crate) fn agree_context(&self) -> Result<u32> {
+        let mine = [self.sh.max_ctx.get() + 1];
+        let mut agreed = [0u32];
+        self.allreduce(&mine, &mut agreed, crate::coll::Op::Max)?;
+        // Even numbers start a pair: agreed is max_ctx+1 of someone, max_ctx is odd.
+        let ctx = agreed[0].next_multiple_of(2);
+        self.sh.max_ctx.set(ctx + 1);
+        Ok(ctx)
+    }
+
+    /// A communicator with the same group and a fresh, isolated tag space (collective).
+    pub fn dup(&self) -> Result<Comm> {
+        self.sh.check_live("dup")?;
+        let ctx = self.agree_context()?;
+        Ok(Comm {
+            sh: self.sh.clone(),
+            ctx,
+            rank: self.rank,
+            members: self.members.clone(),
+            world_to_comm: self.world_to_comm.clone(),
+        })
+    }
+
+    /// Splits by `color` (ranks with equal color form a communicator, ordered by
+    /// `key`, then old rank); `None` as color (`MPI_UNDEFINED`) gets `None` (collective).
+    pub fn split(&self, color: Option<u32>, key: i32) -> Result<Option<Comm>> {
+        self.sh.check_live("split")?;
+        let ctx = self.agree_context()?;
+        let mine: [i64; 2] = [color.map_or(-1, i64::from), i64::from(key)];
+        let mut all = vec![0i64; 2 * self.size() as usize];
+        self.allgather(&mine, &mut all)?;
+        let Some(c) = color else { return Ok(None) };
+        let mut group: Vec<(i64, u32)> = (0..self.size())
+            .filter(|&r| all[2 * r as usize] == i64::from(c))
+            .map(|r| (all[2 * r as usize + 1], r))
+            .collect();
+        group.sort_unstable();
+        let members = group
+            .iter()
+            .map(|&(_, r)| self.members[r as usize])
+            .collect();
+        let world_size = self.world_to_comm.len() as u32;
+        Ok(Some(Comm::new(self.sh.clone(), ctx, members, world_size)))
+    }
+
+    /// Collective context of this communicator.
+    pub(crate) fn coll_ctx(&self) -> u32 {
+        self.ctx + 1
+    }
+}
+
+impl Engine {
+    pub(crate) fn tp_peer_gone(&mut self, peer: u32) -> bool {
+        use fmx_transport::Endpoint;
+        !matches!(self.tp.peer_state(peer), fmx_transport::PeerState::Alive)
+    }
+}

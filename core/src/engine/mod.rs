@@ -1,0 +1,578 @@
+//! The progress engine: requests, matching, the eager and rendezvous
+//! protocols, and the wait loop. Caller-driven (FM's extract): nothing moves
+//! unless a library call polls.
+//!
+//! Protocols, chosen by size:
+//! - **eager** (message fits a transport slot): the payload is copied into the
+//!   receiver's slot; the send completes at once. The receiver copies it out
+//!   into the matched buffer, or into the unexpected queue.
+//! - **rendezvous** (larger): the sender exposes its buffer and sends an RTS
+//!   with the key; the receiver, once matched, reads the data with one
+//!   one-sided operation straight into the user's buffer (single copy) and
+//!   answers FIN, which completes the send.
+//!
+//! Sends to a peer whose slots are full wait in a per-peer FIFO, so later
+//! sends never overtake them.
+
+pub(crate) mod matching;
+pub(crate) mod requests;
+
+use std::collections::VecDeque;
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+
+use fmx_transport::lend::{LendTable, Lent};
+use fmx_transport::{Endpoint, MsgHeader, MsgKind, PeerState, RemoteKey, SendOutcome};
+
+use crate::error::{Error, Result};
+use crate::select::Transport;
+use matching::{Body, Matching, Posted, Unexpected};
+pub(crate) use requests::{RawStatus, ReqId, WaitsOn};
+use requests::{Requests, State};
+
+/// Messages handled per poll.
+const POLL_BATCH: usize = 32;
+/// Empty polls spent spinning before a waiter starts yielding the core.
+const SPIN_POLLS: u32 = 128;
+/// How often a waiter that gets nothing checks whether its peers are alive.
+const LIVENESS_EVERY: Duration = Duration::from_millis(20);
+
+/// Context (communicator) and tag packed into the header's match bits.
+#[inline]
+pub(crate) fn match_bits(ctx: u32, tag: u32) -> u64 {
+    (u64::from(ctx) << 32) | u64::from(tag)
+}
+
+fn split_bits(bits: u64) -> (u32, u32) {
+    ((bits >> 32) as u32, bits as u32)
+}
+
+enum Payload {
+    None,
+    Lent(Lent),
+    Key([u8; RemoteKey::BYTES]),
+}
+
+struct Outgoing {
+    header: MsgHeader,
+    payload: Payload,
+    /// Eager send request to complete once the message is in the slot.
+    completes: Option<ReqId>,
+}
+
+/// Work found while the transport was busy polling.
+enum Deferred {
+    Read {
+        req: ReqId,
+        peer: u32,
+        key: RemoteKey,
+        cookie: u64,
+        buf: Lent,
+        tag: u32,
+    },
+    Revoke(RemoteKey),
+}
+
+pub(crate) struct Engine {
+    pub(crate) tp: Transport,
+    me: u32,
+    max_eager: usize,
+    reqs: Requests,
+    matching: Matching,
+    outq: Vec<VecDeque<Outgoing>>,
+    queued: usize,
+    deferred: Vec<Deferred>,
+    /// A fatal protocol error found inside a poll callback.
+    poison: Option<Error>,
+}
+
+impl Engine {
+    pub(crate) fn new(tp: Transport) -> Self {
+        let size = tp.num_peers();
+        Self {
+            me: tp.local_id(),
+            max_eager: tp.max_eager(),
+            tp,
+            reqs: Requests::default(),
+            matching: Matching::default(),
+            outq: (0..size).map(|_| VecDeque::new()).collect(),
+            queued: 0,
+            deferred: Vec::new(),
+            poison: None,
+        }
+    }
+
+    pub(crate) fn world_rank(&self) -> u32 {
+        self.me
+    }
+
+    /// Starts a send of the lent buffer `buf` to world rank `dest`.
+    pub(crate) fn start_send(
+        &mut self,
+        lend: &LendTable,
+        ctx: u32,
+        tag: u32,
+        dest: u32,
+        buf: Lent,
+    ) -> Result<ReqId> {
+        let data = lend.get(buf).ok_or(Error::StaleRequest(0))?;
+        let bits = match_bits(ctx, tag);
+        let req = self.reqs.insert(WaitsOn::Peer(dest), "sending");
+        if data.len() <= self.max_eager {
+            let header = MsgHeader::eager(bits, data.len(), 0);
+            if self.outq[dest as usize].is_empty()
+                && self.tp.try_send(dest, &header, data)? == SendOutcome::Sent
+            {
+                self.reqs.complete(
+                    req,
+                    RawStatus {
+                        src: self.me,
+                        tag,
+                        sent: data.len() as u64,
+                        capacity: data.len() as u64,
+                    },
+                );
+            } else {
+                self.enqueue(
+                    dest,
+                    Outgoing {
+                        header,
+                        payload: Payload::Lent(buf),
+                        completes: Some(req),
+                    },
+                );
+            }
+        } else {
+            let key = self.tp.expose(data)?;
+            if let Some(r) = self.reqs.get_mut(req) {
+                r.exposed = Some(key);
+            }
+            let header = MsgHeader::control(
+                MsgKind::Rts,
+                bits,
+                data.len() as u64,
+                req.cookie(),
+                RemoteKey::BYTES,
+            );
+            self.send_control(dest, header, Payload::Key(key.encode()))?;
+        }
+        Ok(req)
+    }
+
+    /// Starts a receive into the lent buffer `buf`; `src`/`tag` `None` are wildcards.
+    pub(crate) fn start_recv(
+        &mut self,
+        lend: &mut LendTable,
+        ctx: u32,
+        src: Option<u32>,
+        tag: Option<u32>,
+        buf: Lent,
+        waits_on: WaitsOn,
+    ) -> Result<ReqId> {
+        let req = self.reqs.insert(waits_on, "receiving");
+        match self.matching.take_unexpected(ctx, src, tag) {
+            None => self.matching.post(Posted {
+                req,
+                ctx,
+                src,
+                tag,
+                buf,
+            }),
+            Some(u) => match u.body {
+                Body::Eager(data) => deliver(&mut self.reqs, lend, req, buf, u.src, u.tag, &data),
+                Body::Rts { key, cookie } => {
+                    self.deferred.push(Deferred::Read {
+                        req,
+                        peer: u.src,
+                        key,
+                        cookie,
+                        buf,
+                        tag: u.tag,
+                    });
+                    self.run_deferred(lend)?;
+                }
+            },
+        }
+        Ok(req)
+    }
+
+    /// Status of the earliest message that a receive of (ctx, src, tag) would match, without receiving it.
+    pub(crate) fn probe(
+        &mut self,
+        lend: &mut LendTable,
+        ctx: u32,
+        src: Option<u32>,
+        tag: Option<u32>,
+    ) -> Result<Option<RawStatus>> {
+        self.progress(lend)?;
+        Ok(self
+            .matching
+            .peek_unexpected(ctx, src, tag)
+            .map(|u| RawStatus {
+                src: u.src,
+                tag: u.tag,
+                sent: u.len,
+                capacity: u.len,
+            }))
+    }
+
+    fn enqueue(&mut self, dest: u32, o: Outgoing) {
+        self.outq[dest as usize].push_back(o);
+        self.queued += 1;
+    }
+
+    fn send_control(&mut self, dest: u32, header: MsgHeader, payload: Payload) -> Result<()> {
+        if self.outq[dest as usize].is_empty() {
+            let bytes: &[u8] = match &payload {
+                Payload::Key(k) => k,
+                _ => &[],
+            };
+            if self.tp.try_send(dest, &header, bytes)? == SendOutcome::Sent {
+                return Ok(());
+            }
+        }
+        self.enqueue(
+            dest,
+            Outgoing {
+                header,
+                payload,
+                completes: None,
+            },
+        );
+        Ok(())
+    }
+
+    /// Sends what waits for slots, in order per peer; returns how many went out.
+    fn flush_queued(&mut self, lend: &LendTable) -> Result<usize> {
+        let mut sent = 0;
+        for dest in 0..self.outq.len() {
+            while let Some(o) = self.outq[dest].front() {
+                let bytes: &[u8] = match &o.payload {
+                    Payload::None => &[],
+                    Payload::Key(k) => k,
+                    Payload::Lent(l) => match lend.get(*l) {
+                        Some(b) => b,
+                        None => {
+                            // The scope that lent the data ended (it was cancelled): drop it.
+                            if let Some(r) = o.completes {
+                                self.reqs.fail(r, Error::StaleRequest(r.index()));
+                            }
+                            self.outq[dest].pop_front();
+                            self.queued -= 1;
+                            continue;
+                        }
+                    },
+                };
+                if self.tp.try_send(dest as u32, &o.header, bytes)? == SendOutcome::Backpressure {
+                    break;
+                }
+                if let Some(r) = o.completes {
+                    let len = o.header.len;
+                    let tag = split_bits(o.header.match_bits).1;
+                    self.reqs.complete(
+                        r,
+                        RawStatus {
+                            src: self.me,
+                            tag,
+                            sent: len,
+                            capacity: len,
+                        },
+                    );
+                }
+                self.outq[dest].pop_front();
+                self.queued -= 1;
+                sent += 1;
+            }
+        }
+        Ok(sent)
+    }
+
+    /// One round of progress: queued sends, received messages, deferred reads.
+    #[inline]
+    pub(crate) fn progress(&mut self, lend: &mut LendTable) -> Result<usize> {
+        let mut n = 0;
+        if self.queued > 0 {
+            n += self.flush_queued(lend)?;
+        }
+        let Self {
+            tp,
+            matching,
+            reqs,
+            deferred,
+            poison,
+            ..
+        } = self;
+        n += tp.poll(POLL_BATCH, |peer, h, payload| {
+            on_message(matching, reqs, deferred, poison, lend, peer, h, payload)
+        })?;
+        if let Some(e) = self.poison.take() {
+            return Err(e);
+        }
+        if !self.deferred.is_empty() {
+            self.run_deferred(lend)?;
+        }
+        Ok(n)
+    }
+
+    fn run_deferred(&mut self, lend: &mut LendTable) -> Result<()> {
+        for d in std::mem::take(&mut self.deferred) {
+            match d {
+                Deferred::Revoke(key) => self.tp.revoke(&key),
+                Deferred::Read {
+                    req,
+                    peer,
+                    key,
+                    cookie,
+                    buf,
+                    tag,
+                } => {
+                    let fin = MsgHeader::control(MsgKind::Fin, 0, key.len, cookie, 0);
+                    match lend.get_mut(buf) {
+                        Some(dst) => {
+                            let n = dst.len().min(key.len as usize);
+                            match self.tp.read(peer, &key, &mut dst[..n]) {
+                                Ok(_) => self.reqs.complete(
+                                    req,
+                                    RawStatus {
+                                        src: peer,
+                                        tag,
+                                        sent: key.len,
+                                        capacity: dst.len() as u64,
+                                    },
+                                ),
+                                Err(e) => self.reqs.fail(req, e.into()),
+                            }
+                        }
+                        None => self.reqs.fail(req, Error::StaleRequest(req.index())),
+                    }
+                    // The sender waits for FIN whatever happened here.
+                    self.send_control(peer, fin, Payload::None)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    pub(crate) fn is_pending(&self, id: ReqId) -> bool {
+        self.reqs.is_pending(id)
+    }
+
+    /// Frees a finished request and returns its outcome.
+    pub(crate) fn take(&mut self, id: ReqId) -> Option<Result<RawStatus>> {
+        self.reqs.take(id)
+    }
+
+    /// Drives progress until `id` is finished, failing it if the peers it needs are gone.
+    pub(crate) fn wait(&mut self, lend: &mut LendTable, id: ReqId) -> Result<()> {
+        let mut idle = 0u32;
+        let mut last_check = None::<Instant>;
+        while self.reqs.is_pending(id) {
+            if self.progress(lend)? > 0 {
+                idle = 0;
+                continue;
+            }
+            idle += 1;
+            if idle < SPIN_POLLS {
+                std::hint::spin_loop();
+                continue;
+            }
+            // Let a peer that shares our core run (oversubscription).
+            std::thread::yield_now();
+            let now = Instant::now();
+            match last_check {
+                Some(t) if now.duration_since(t) < LIVENESS_EVERY => {}
+                Some(_) => {
+                    last_check = Some(now);
+                    self.check_liveness(lend, id)?;
+                }
+                None => last_check = Some(now),
+            }
+        }
+        Ok(())
+    }
+
+    fn check_liveness(&mut self, lend: &mut LendTable, id: ReqId) -> Result<()> {
+        let Some(r) = self.reqs.get(id) else {
+            return Ok(());
+        };
+        let what = r.what;
+        let gone = match r.waits_on.clone() {
+            WaitsOn::Peer(p) => self.gone(p).map(|s| (p, s)),
+            WaitsOn::AnyOf(ps) => {
+                let me = self.me;
+                let states: Vec<_> = ps
+                    .iter()
+                    .filter(|&&p| p != me)
+                    .map(|&p| (p, self.gone(p)))
+                    .collect();
+                if !states.is_empty() && states.iter().all(|(_, s)| s.is_some()) {
+                    states.into_iter().find_map(|(p, s)| s.map(|s| (p, s)))
+                } else {
+                    None
+                }
+            }
+        };
+        if let Some((peer, state)) = gone {
+            // What it sent before going may still be in our slots.
+            self.progress(lend)?;
+            if self.reqs.is_pending(id) {
+                let reason = match state {
+                    PeerState::Finalized => "it finalized without a matching operation".to_owned(),
+                    _ => "its process exited or was killed".to_owned(),
+                };
+                self.cancel(id);
+                self.reqs.fail(
+                    id,
+                    Error::PeerGone {
+                        rank: peer,
+                        world_rank: peer,
+                        during: what.to_owned(),
+                        reason,
+                    },
+                );
+            }
+        }
+        Ok(())
+    }
+
+    fn gone(&mut self, peer: u32) -> Option<PeerState> {
+        match self.tp.peer_state(peer) {
+            PeerState::Alive => None,
+            s => Some(s),
+        }
+    }
+
+    /// Withdraws a pending operation (its scope is ending with an error).
+    pub(crate) fn cancel(&mut self, id: ReqId) {
+        self.matching.cancel(id);
+        if let Some(key) = self.reqs.get_mut(id).and_then(|r| r.exposed.take()) {
+            self.tp.revoke(&key);
+        }
+        for q in &mut self.outq {
+            let before = q.len();
+            q.retain(|o| o.completes != Some(id));
+            self.queued -= before - q.len();
+        }
+    }
+
+    /// Frees a request whatever its state.
+    pub(crate) fn discard(&mut self, id: ReqId) {
+        self.cancel(id);
+        self.reqs.discard(id);
+    }
+
+    /// Whether any operation still needs progress (queued sends).
+    pub(crate) fn has_queued(&self) -> bool {
+        self.queued > 0
+    }
+}
+
+/// Completes receive `req` with eager `data` from `src`.
+fn deliver(
+    reqs: &mut Requests,
+    lend: &mut LendTable,
+    req: ReqId,
+    buf: Lent,
+    src: u32,
+    tag: u32,
+    data: &[u8],
+) {
+    match lend.get_mut(buf) {
+        Some(dst) => {
+            let n = dst.len().min(data.len());
+            dst[..n].copy_from_slice(&data[..n]);
+            reqs.complete(
+                req,
+                RawStatus {
+                    src,
+                    tag,
+                    sent: data.len() as u64,
+                    capacity: dst.len() as u64,
+                },
+            );
+        }
+        None => reqs.fail(req, Error::StaleRequest(req.index())),
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+#[inline]
+fn on_message(
+    matching: &mut Matching,
+    reqs: &mut Requests,
+    deferred: &mut Vec<Deferred>,
+    poison: &mut Option<Error>,
+    lend: &mut LendTable,
+    peer: u32,
+    h: &MsgHeader,
+    payload: &[u8],
+) {
+    let (ctx, tag) = split_bits(h.match_bits);
+    match h.kind {
+        MsgKind::Eager => match matching.take_posted(peer, ctx, tag) {
+            Some(p) => deliver(reqs, lend, p.req, p.buf, peer, tag, payload),
+            None => matching.arrive(Unexpected {
+                src: peer,
+                ctx,
+                tag,
+                len: h.len,
+                body: Body::Eager(payload.to_vec()),
+            }),
+        },
+        MsgKind::Rts => {
+            let Some(key) = RemoteKey::decode(payload) else {
+                *poison = Some(
+                    fmx_transport::TransportError::Malformed {
+                        peer,
+                        what: "RTS without a remote key",
+                    }
+                    .into(),
+                );
+                return;
+            };
+            match matching.take_posted(peer, ctx, tag) {
+                Some(p) => deferred.push(Deferred::Read {
+                    req: p.req,
+                    peer,
+                    key,
+                    cookie: h.cookie,
+                    buf: p.buf,
+                    tag,
+                }),
+                None => matching.arrive(Unexpected {
+                    src: peer,
+                    ctx,
+                    tag,
+                    len: h.len,
+                    body: Body::Rts {
+                        key,
+                        cookie: h.cookie,
+                    },
+                }),
+            }
+        }
+        MsgKind::Fin => {
+            let req = ReqId::from_cookie(h.cookie);
+            if let Some(r) = reqs.get_mut(req) {
+                if let Some(key) = r.exposed.take() {
+                    deferred.push(Deferred::Revoke(key));
+                }
+                if matches!(r.state, State::Pending) {
+                    reqs.complete(
+                        req,
+                        RawStatus {
+                            src: peer,
+                            tag: 0,
+                            sent: h.len,
+                            capacity: h.len,
+                        },
+                    );
+                }
+            }
+        }
+        MsgKind::Cts | MsgKind::Credit => {}
+    }
+}
+
+/// The world ranks of a group, shared by requests that wait on any of them.
+pub(crate) type Members = Rc<[u32]>;

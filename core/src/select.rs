@@ -1,0 +1,137 @@
+//! Transport selection: the only module of the core that names concrete
+//! transports. It maps the user's choice (and what the host has) to a
+//! [`Transport`] value, an enum with a variant per transport, so the data path
+//! dispatches statically (a `match`, no vtable per message).
+
+use fmx_shm::{ShmConfig, ShmEndpoint, ShmSetup};
+use fmx_transport::loopback::Loopback;
+use fmx_transport::{
+    Endpoint, MsgHeader, OpStatus, PeerId, PeerState, RemoteKey, SendOutcome, TransportError,
+};
+
+use crate::bootstrap::Bootstrap;
+use crate::error::{Error, Result};
+
+/// The transports this build knows, by the names `FMX_TRANSPORT` and
+/// `fmxrun --transport` accept.
+pub const TRANSPORT_NAMES: &[&str] = &["auto", "shm"];
+
+/// A concrete endpoint.
+pub(crate) enum Transport {
+    /// A world of one.
+    Loopback(Loopback),
+    /// Processes on one host.
+    Shm(ShmEndpoint),
+}
+
+impl Transport {
+    /// Name for reports.
+    pub(crate) fn name(&self) -> &'static str {
+        match self {
+            Self::Loopback(_) => "loopback",
+            Self::Shm(_) => "shm",
+        }
+    }
+}
+
+/// Opens the transport for this process, exchanging addresses through `boot`.
+pub(crate) fn open(boot: &mut Bootstrap) -> Result<Transport> {
+    let choice = boot.transport_hint().unwrap_or_else(|| "auto".into());
+    if !TRANSPORT_NAMES.contains(&choice.as_str()) {
+        return Err(Error::Bootstrap(format!(
+            "transport {choice:?} is not known to this build (known: {})",
+            TRANSPORT_NAMES.join(", ")
+        )));
+    }
+    if boot.size() == 1 {
+        return Ok(Transport::Loopback(Loopback::new()));
+    }
+    // Every rank of an fmxrun job is on this host: shared memory.
+    let cfg = ShmConfig::from_env(&boot.job_id(), boot.rank(), boot.size())?;
+    let setup = ShmSetup::create(cfg)?;
+    let addresses = boot.allgather(&setup.address())?;
+    let mut ep = setup.connect(&addresses)?;
+    // Everyone has mapped everyone's segment: the files can go.
+    boot.barrier()?;
+    ep.unlink();
+    Ok(Transport::Shm(ep))
+}
+
+/// Removes whatever files a job of the given id may have left (launchers call this).
+pub fn cleanup_job(job: &str) -> usize {
+    fmx_shm::cleanup_job(&fmx_shm::shm_dir(), job)
+}
+
+macro_rules! dispatch {
+    ($self:ident, $ep:ident => $e:expr) => {
+        match $self {
+            Transport::Loopback($ep) => $e,
+            Transport::Shm($ep) => $e,
+        }
+    };
+}
+
+impl Endpoint for Transport {
+    fn local_id(&self) -> PeerId {
+        dispatch!(self, ep => ep.local_id())
+    }
+    fn num_peers(&self) -> u32 {
+        dispatch!(self, ep => ep.num_peers())
+    }
+    fn max_eager(&self) -> usize {
+        dispatch!(self, ep => ep.max_eager())
+    }
+    #[inline]
+    fn try_send(
+        &mut self,
+        peer: PeerId,
+        header: &MsgHeader,
+        payload: &[u8],
+    ) -> Result<SendOutcome, TransportError> {
+        dispatch!(self, ep => ep.try_send(peer, header, payload))
+    }
+    #[inline]
+    fn poll<F>(&mut self, max: usize, sink: F) -> Result<usize, TransportError>
+    where
+        F: FnMut(PeerId, &MsgHeader, &[u8]),
+    {
+        dispatch!(self, ep => ep.poll(max, sink))
+    }
+    fn expose(&mut self, buf: &[u8]) -> Result<RemoteKey, TransportError> {
+        dispatch!(self, ep => ep.expose(buf))
+    }
+    fn expose_mut(&mut self, buf: &mut [u8]) -> Result<RemoteKey, TransportError> {
+        dispatch!(self, ep => ep.expose_mut(buf))
+    }
+    fn revoke(&mut self, key: &RemoteKey) {
+        dispatch!(self, ep => ep.revoke(key));
+    }
+    fn read(
+        &mut self,
+        peer: PeerId,
+        remote: &RemoteKey,
+        local: &mut [u8],
+    ) -> Result<OpStatus, TransportError> {
+        dispatch!(self, ep => ep.read(peer, remote, local))
+    }
+    fn write(
+        &mut self,
+        peer: PeerId,
+        local: &[u8],
+        remote: &RemoteKey,
+    ) -> Result<OpStatus, TransportError> {
+        dispatch!(self, ep => ep.write(peer, local, remote))
+    }
+    fn poll_ops<F>(&mut self, done: F) -> Result<usize, TransportError>
+    where
+        F: FnMut(u64, Result<(), TransportError>),
+    {
+        dispatch!(self, ep => ep.poll_ops(done))
+    }
+    fn peer_state(&mut self, peer: PeerId) -> PeerState {
+        dispatch!(self, ep => ep.peer_state(peer))
+    }
+    fn finalize(&mut self) -> Result<(), TransportError> {
+        dispatch!(self, ep => ep.finalize())
+    }
+}

@@ -1,0 +1,165 @@
+//! The trait every transport implements.
+
+use crate::{MsgHeader, TransportError};
+
+/// A process of the job, by index (0..size). Transports know nothing finer.
+pub type PeerId = u32;
+
+/// The result of a non-blocking eager send. Backpressure is not an error:
+/// nothing was written and the caller keeps its data (FM: no credit, no send).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[must_use]
+pub enum SendOutcome {
+    /// The message is in the receiver's slot (or queued to the device).
+    Sent,
+    /// The receiver has no free slot for this sender right now; drive
+    /// [`Endpoint::poll`] and try again.
+    Backpressure,
+}
+
+/// Whether a one-sided operation finished inside the call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[must_use]
+pub enum OpStatus {
+    /// The data has moved.
+    Done,
+    /// In flight; [`Endpoint::poll_ops`] reports the id when it completes.
+    Pending(u64),
+}
+
+/// What is known of a peer's process.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PeerState {
+    /// Running.
+    Alive,
+    /// Called finalize: it sends nothing more, but what it sent can still be received.
+    Finalized,
+    /// The process exited or was killed without finalizing.
+    Dead,
+}
+
+/// What a peer needs to access an exposed buffer with a one-sided operation:
+/// travels inside a rendezvous control message. 24 bytes on the wire.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RemoteKey {
+    /// Address in the owner's address space (or offset, per transport).
+    pub addr: u64,
+    /// Length of the exposed region.
+    pub len: u64,
+    /// The transport's access key (rkey, fi_mr_key, or 0 on shared memory).
+    pub key: u64,
+}
+
+impl RemoteKey {
+    /// Bytes of an encoded key.
+    pub const BYTES: usize = 24;
+
+    /// Encodes the key little-endian.
+    pub fn encode(&self) -> [u8; Self::BYTES] {
+        let mut out = [0u8; Self::BYTES];
+        out[0..8].copy_from_slice(&self.addr.to_le_bytes());
+        out[8..16].copy_from_slice(&self.len.to_le_bytes());
+        out[16..24].copy_from_slice(&self.key.to_le_bytes());
+        out
+    }
+
+    /// Decodes a key; `None` when `b` is too short.
+    pub fn decode(b: &[u8]) -> Option<Self> {
+        let b = b.get(..Self::BYTES)?;
+        let at = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().expect("8 bytes"));
+        Some(Self {
+            addr: at(0),
+            len: at(8),
+            key: at(16),
+        })
+    }
+
+    /// The sub-range `[offset, offset+len)` of this key, checked against its bounds.
+    pub fn slice(&self, peer: PeerId, offset: u64, len: u64) -> Result<Self, TransportError> {
+        match offset.checked_add(len) {
+            Some(end) if end <= self.len => Ok(Self {
+                addr: self.addr + offset,
+                len,
+                key: self.key,
+            }),
+            _ => Err(TransportError::RemoteBounds {
+                peer,
+                offset,
+                len,
+                region: self.len,
+            }),
+        }
+    }
+}
+
+/// A process's endpoint: its connections to every process of the job.
+///
+/// Static dispatch: the core holds an enum of concrete endpoints, so none of
+/// these calls goes through a vtable on the data path.
+pub trait Endpoint: Send {
+    /// This process's index.
+    fn local_id(&self) -> PeerId;
+
+    /// Number of processes in the job.
+    fn num_peers(&self) -> u32;
+
+    /// Largest payload [`Endpoint::try_send`] takes; larger messages go rendezvous.
+    fn max_eager(&self) -> usize;
+
+    /// Sends `header` and `payload` into a slot the receiver owns, copying the
+    /// payload once (or inline). Never overwrites a slot the receiver has not
+    /// released: answers [`SendOutcome::Backpressure`] instead.
+    fn try_send(
+        &mut self,
+        peer: PeerId,
+        header: &MsgHeader,
+        payload: &[u8],
+    ) -> Result<SendOutcome, TransportError>;
+
+    /// Hands up to `max` received messages to `sink`, in arrival order per
+    /// sender, each while it still sits in its slot, and releases each slot
+    /// after `sink` returns. Returns how many messages it handed.
+    fn poll<F>(&mut self, max: usize, sink: F) -> Result<usize, TransportError>
+    where
+        F: FnMut(PeerId, &MsgHeader, &[u8]);
+
+    /// Makes `buf` readable by peers through the returned key until
+    /// [`Endpoint::revoke`]. The caller keeps `buf` alive and unmoved until
+    /// then (the core guarantees it through [`crate::lend`]).
+    fn expose(&mut self, buf: &[u8]) -> Result<RemoteKey, TransportError>;
+
+    /// Makes `buf` writable by peers, like [`Endpoint::expose`].
+    fn expose_mut(&mut self, buf: &mut [u8]) -> Result<RemoteKey, TransportError>;
+
+    /// Ends remote access through `key`.
+    fn revoke(&mut self, key: &RemoteKey);
+
+    /// Reads `local.len()` bytes of `peer`'s exposed `remote` region into `local`.
+    fn read(
+        &mut self,
+        peer: PeerId,
+        remote: &RemoteKey,
+        local: &mut [u8],
+    ) -> Result<OpStatus, TransportError>;
+
+    /// Writes `local` into `peer`'s exposed `remote` region.
+    fn write(
+        &mut self,
+        peer: PeerId,
+        local: &[u8],
+        remote: &RemoteKey,
+    ) -> Result<OpStatus, TransportError>;
+
+    /// Reports one-sided operations that completed since the last call.
+    fn poll_ops<F>(&mut self, done: F) -> Result<usize, TransportError>
+    where
+        F: FnMut(u64, Result<(), TransportError>);
+
+    /// What is known of `peer`'s process. May cost a system call: call it
+    /// while waiting, not per message.
+    fn peer_state(&mut self, peer: PeerId) -> PeerState;
+
+    /// Announces that this process sends nothing more (peers see
+    /// [`PeerState::Finalized`]) and releases transport resources.
+    fn finalize(&mut self) -> Result<(), TransportError>;
+}
