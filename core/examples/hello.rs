@@ -5,12 +5,6 @@ fn main() -> Result<(), fmx::Error> {
     let world = fmx.world();
     let mut sum = [0u64];
     world.allreduce(&[u64::from(world.rank())], &mut sum, fmx::Op::Sum)?;
-    println!(
-        "hello from rank {} of {} over {}; sum of ranks = {}",
-        world.rank(),
-        world.size(),
-        world.transport_name(),
-        sum[0]
-    );
+    println!("hello from rank {} of {} over {}; sum of ranks = {}", world.rank(), world.size(), world.transport_name(), sum[0]);
     fmx.finalize()
 }

@@ -51,11 +51,7 @@ pub struct Comm {
 
 impl std::fmt::Debug for Comm {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Comm")
-            .field("ctx", &self.ctx)
-            .field("rank", &self.rank)
-            .field("size", &self.size())
-            .finish()
+        f.debug_struct("Comm").field("ctx", &self.ctx).field("rank", &self.rank).field("size", &self.size()).finish()
     }
 }
 
@@ -68,13 +64,7 @@ impl Comm {
         }
         let rank = world_to_comm[me as usize];
         sh.max_ctx.set(sh.max_ctx.get().max(ctx + 1));
-        Self {
-            sh,
-            ctx,
-            rank,
-            members: members.into(),
-            world_to_comm: world_to_comm.into(),
-        }
+        Self { sh, ctx, rank, members: members.into(), world_to_comm: world_to_comm.into() }
     }
 
     /// This process's rank.
@@ -98,21 +88,11 @@ impl Comm {
     }
 
     pub(crate) fn check_rank(&self, what: &'static str, r: u32) -> Result<u32> {
-        self.members
-            .get(r as usize)
-            .copied()
-            .ok_or(Error::InvalidRank {
-                what,
-                rank: i64::from(r),
-                size: self.size(),
-            })
+        self.members.get(r as usize).copied().ok_or(Error::InvalidRank { what, rank: i64::from(r), size: self.size() })
     }
 
     pub(crate) fn check_tag(tag: i32) -> Result<u32> {
-        u32::try_from(tag).map_err(|_| Error::InvalidTag {
-            tag: i64::from(tag),
-            max: TAG_UB as u32,
-        })
+        u32::try_from(tag).map_err(|_| Error::InvalidTag { tag: i64::from(tag), max: TAG_UB as u32 })
     }
 
     pub(crate) fn source_filter(&self, src: Source) -> Result<(Option<u32>, WaitsOn)> {
@@ -134,49 +114,22 @@ impl Comm {
 
     /// Turns an engine status into the user's, in this communicator's ranks.
     pub(crate) fn status(&self, raw: RawStatus, elem_size: usize) -> Result<Status> {
-        let source = self
-            .world_to_comm
-            .get(raw.src as usize)
-            .copied()
-            .unwrap_or(NOT_MEMBER);
+        let source = self.world_to_comm.get(raw.src as usize).copied().unwrap_or(NOT_MEMBER);
         if raw.sent > raw.capacity {
-            return Err(Error::Truncated {
-                source_rank: source,
-                tag: raw.tag,
-                sent: raw.sent,
-                capacity: raw.capacity,
-            });
+            return Err(Error::Truncated { source_rank: source, tag: raw.tag, sent: raw.sent, capacity: raw.capacity });
         }
         let elem = elem_size.max(1) as u64;
         if raw.sent % elem != 0 {
-            return Err(Error::PartialElement {
-                source_rank: source,
-                bytes: raw.sent,
-                elem_size,
-            });
+            return Err(Error::PartialElement { source_rank: source, bytes: raw.sent, elem_size });
         }
-        Ok(Status {
-            source,
-            tag: raw.tag as i32,
-            count: (raw.sent / elem) as usize,
-            bytes: raw.sent,
-        })
+        Ok(Status { source, tag: raw.tag as i32, count: (raw.sent / elem) as usize, bytes: raw.sent })
     }
 
     /// Rewrites world ranks in an error into this communicator's ranks.
     pub(crate) fn localize(&self, e: Error) -> Error {
         match e {
-            Error::PeerGone {
-                world_rank,
-                during,
-                reason,
-                ..
-            } => Error::PeerGone {
-                rank: self
-                    .world_to_comm
-                    .get(world_rank as usize)
-                    .copied()
-                    .unwrap_or(NOT_MEMBER),
+            Error::PeerGone { world_rank, during, reason, .. } => Error::PeerGone {
+                rank: self.world_to_comm.get(world_rank as usize).copied().unwrap_or(NOT_MEMBER),
                 world_rank,
                 during,
                 reason,
@@ -188,10 +141,7 @@ impl Comm {
     /// Runs `f` with a [`Scope`] in which non-blocking operations may borrow
     /// buffers; every operation started in the scope is complete when `scope`
     /// returns (even if the closure returned early with an error).
-    pub fn scope<'env, R>(
-        &self,
-        f: impl for<'s> FnOnce(&'s Scope<'s, 'env>) -> Result<R>,
-    ) -> Result<R> {
+    pub fn scope<'env, R>(&self, f: impl for<'s> FnOnce(&'s Scope<'s, 'env>) -> Result<R>) -> Result<R> {
         self.sh.check_live("scope")?;
         fmx_transport::lend::lend_scope(&self.sh.lend, |lender| {
             let scope = Scope::new(self, lender);
@@ -205,24 +155,43 @@ impl Comm {
 
     /// Blocking send (returns when `buf` may be reused).
     pub fn send<T: Pod>(&self, buf: &[T], dest: u32, tag: i32) -> Result<()> {
-        self.scope(|s| {
-            let r = s.isend(buf, dest, tag)?;
-            s.wait(r).map(drop)
+        self.sh.check_live("send")?;
+        let tag = Self::check_tag(tag)?;
+        let w = self.check_rank("send destination", dest)?;
+        // The fast path of `scope` + `isend` + `wait`, without the scope's bookkeeping.
+        fmx_transport::lend::lend_scope(&self.sh.lend, |lender| {
+            let lent = lender.lend(bytemuck::cast_slice(buf));
+            let mut e = self.sh.engine.borrow_mut();
+            let mut lend = self.sh.lend.borrow_mut();
+            let id = e.start_send(&lend, self.ctx, tag, w, lent).map_err(|err| self.localize(err))?;
+            self.finish_blocking(&mut e, &mut lend, id, std::mem::size_of::<T>()).map(drop)
         })
     }
 
     /// Blocking receive; the status tells the source, tag and count.
-    pub fn recv<T: Pod>(
-        &self,
-        buf: &mut [T],
-        src: impl Into<Source>,
-        tag: impl Into<Tag>,
-    ) -> Result<Status> {
-        let (src, tag) = (src.into(), tag.into());
-        self.scope(|s| {
-            let r = s.irecv(buf, src, tag)?;
-            s.wait(r)
+    pub fn recv<T: Pod>(&self, buf: &mut [T], src: impl Into<Source>, tag: impl Into<Tag>) -> Result<Status> {
+        self.sh.check_live("recv")?;
+        let (s, waits_on) = self.source_filter(src.into())?;
+        let t = Self::tag_filter(tag.into())?;
+        fmx_transport::lend::lend_scope(&self.sh.lend, |lender| {
+            let lent = lender.lend_mut(bytemuck::cast_slice_mut(buf));
+            let mut e = self.sh.engine.borrow_mut();
+            let mut lend = self.sh.lend.borrow_mut();
+            let id = e.start_recv(&mut lend, self.ctx, s, t, lent, waits_on).map_err(|err| self.localize(err))?;
+            self.finish_blocking(&mut e, &mut lend, id, std::mem::size_of::<T>())
         })
+    }
+
+    fn finish_blocking(&self, e: &mut Engine, lend: &mut LendTable, id: crate::engine::ReqId, elem_size: usize) -> Result<Status> {
+        if let Err(err) = e.wait(lend, id) {
+            e.discard(id);
+            return Err(self.localize(err));
+        }
+        match e.take(id) {
+            Some(Ok(raw)) => self.status(raw, elem_size),
+            Some(Err(err)) => Err(self.localize(err)),
+            None => Err(Error::StaleRequest(id.index())),
+        }
     }
 
     /// Sends `sbuf` to `dest` and receives into `rbuf` from `src` at once (no deadlock).
@@ -249,11 +218,7 @@ impl Comm {
         self.sh.check_live("iprobe")?;
         let (s, _) = self.source_filter(src.into())?;
         let t = Self::tag_filter(tag.into())?;
-        let raw =
-            self.sh
-                .engine
-                .borrow_mut()
-                .probe(&mut self.sh.lend.borrow_mut(), self.ctx, s, t)?;
+        let raw = self.sh.engine.borrow_mut().probe(&mut self.sh.lend.borrow_mut(), self.ctx, s, t)?;
         raw.map(|r| self.status(r, 1)).transpose()
     }
 
@@ -281,11 +246,7 @@ impl Comm {
         let mut e = self.sh.engine.borrow_mut();
         let peers: Vec<u32> = match waits_on {
             WaitsOn::Peer(p) => vec![*p],
-            WaitsOn::AnyOf(ps) => ps
-                .iter()
-                .copied()
-                .filter(|&p| p != e.world_rank())
-                .collect(),
+            WaitsOn::AnyOf(ps) => ps.iter().copied().filter(|&p| p != e.world_rank()).collect(),
         };
         let gone: Vec<_> = peers.iter().map(|&p| (p, e.tp_peer_gone(p))).collect();
         if !gone.is_empty() && gone.iter().all(|(_, g)| *g) {
@@ -303,10 +264,7 @@ impl Comm {
     /// Drives progress once (FM's extract): useful while computing.
     pub fn progress(&self) -> Result<usize> {
         self.sh.check_live("progress")?;
-        self.sh
-            .engine
-            .borrow_mut()
-            .progress(&mut self.sh.lend.borrow_mut())
+        self.sh.engine.borrow_mut().progress(&mut self.sh.lend.borrow_mut())
     }
 
     /// A context id pair agreed by all members (a collective over this communicator).
@@ -324,13 +282,7 @@ impl Comm {
     pub fn dup(&self) -> Result<Comm> {
         self.sh.check_live("dup")?;
         let ctx = self.agree_context()?;
-        Ok(Comm {
-            sh: self.sh.clone(),
-            ctx,
-            rank: self.rank,
-            members: self.members.clone(),
-            world_to_comm: self.world_to_comm.clone(),
-        })
+        Ok(Comm { sh: self.sh.clone(), ctx, rank: self.rank, members: self.members.clone(), world_to_comm: self.world_to_comm.clone() })
     }
 
     /// Splits by `color` (ranks with equal color form a communicator, ordered by
@@ -342,15 +294,10 @@ impl Comm {
         let mut all = vec![0i64; 2 * self.size() as usize];
         self.allgather(&mine, &mut all)?;
         let Some(c) = color else { return Ok(None) };
-        let mut group: Vec<(i64, u32)> = (0..self.size())
-            .filter(|&r| all[2 * r as usize] == i64::from(c))
-            .map(|r| (all[2 * r as usize + 1], r))
-            .collect();
+        let mut group: Vec<(i64, u32)> =
+            (0..self.size()).filter(|&r| all[2 * r as usize] == i64::from(c)).map(|r| (all[2 * r as usize + 1], r)).collect();
         group.sort_unstable();
-        let members = group
-            .iter()
-            .map(|&(_, r)| self.members[r as usize])
-            .collect();
+        let members = group.iter().map(|&(_, r)| self.members[r as usize]).collect();
         let world_size = self.world_to_comm.len() as u32;
         Ok(Some(Comm::new(self.sh.clone(), ctx, members, world_size)))
     }

@@ -83,34 +83,23 @@ impl Launch {
     /// Runs the job to its end.
     pub fn run(&self) -> Result<Outcome> {
         if self.np == 0 {
-            return Err(Error::Launch(
-                "the number of ranks must be at least 1".into(),
-            ));
+            return Err(Error::Launch("the number of ranks must be at least 1".into()));
         }
         if let Some(t) = &self.transport {
             if !crate::TRANSPORT_NAMES.contains(&t.as_str()) {
-                return Err(Error::Launch(format!(
-                    "unknown transport {t:?} (known: {})",
-                    crate::TRANSPORT_NAMES.join(", ")
-                )));
+                return Err(Error::Launch(format!("unknown transport {t:?} (known: {})", crate::TRANSPORT_NAMES.join(", "))));
             }
         }
-        let listener = TcpListener::bind("127.0.0.1:0").map_err(|e| {
-            Error::Launch(format!("binding the rendezvous socket on 127.0.0.1: {e}"))
-        })?;
-        let addr = listener
-            .local_addr()
-            .map_err(|e| Error::Launch(format!("rendezvous address: {e}")))?;
+        let listener =
+            TcpListener::bind("127.0.0.1:0").map_err(|e| Error::Launch(format!("binding the rendezvous socket on 127.0.0.1: {e}")))?;
+        let addr = listener.local_addr().map_err(|e| Error::Launch(format!("rendezvous address: {e}")))?;
         let job = new_job_id();
         let (tx, rx) = mpsc::channel();
         let np = self.np;
         std::thread::spawn(move || serve(&listener, np));
-        let signals = signal_hook::iterator::Signals::new([
-            signal_hook::consts::SIGINT,
-            signal_hook::consts::SIGTERM,
-            signal_hook::consts::SIGHUP,
-        ])
-        .map_err(|e| Error::Launch(format!("installing signal handlers: {e}")))?;
+        let signals =
+            signal_hook::iterator::Signals::new([signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM, signal_hook::consts::SIGHUP])
+                .map_err(|e| Error::Launch(format!("installing signal handlers: {e}")))?;
         let sig_handle = signals.handle();
         {
             let tx = tx.clone();
@@ -218,13 +207,7 @@ impl Launch {
         } else {
             first_failure.map_or(0, |(_, c)| c)
         };
-        Ok(Outcome {
-            code,
-            failed_rank: first_failure.map(|(r, _)| r),
-            timed_out,
-            job,
-            files_removed,
-        })
+        Ok(Outcome { code, failed_rank: first_failure.map(|(r, _)| r), timed_out, job, files_removed })
     }
 
     fn spawn(&self, rank: u32, job: &str, addr: &str) -> Result<Child> {
@@ -249,12 +232,7 @@ impl Launch {
         if self.label {
             cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
         }
-        cmd.spawn().map_err(|e| {
-            Error::Launch(format!(
-                "starting rank {rank} ({}): {e}",
-                self.program.to_string_lossy()
-            ))
-        })
+        cmd.spawn().map_err(|e| Error::Launch(format!("starting rank {rank} ({}): {e}", self.program.to_string_lossy())))
     }
 }
 
@@ -272,17 +250,11 @@ fn kill_all(pids: &[Option<u32>], sig: rustix::process::Signal) {
 }
 
 fn new_job_id() -> String {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.subsec_nanos());
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.subsec_nanos());
     format!("{}x{nanos}", std::process::id())
 }
 
-fn forward(
-    stream: impl std::io::Read + Send + 'static,
-    rank: u32,
-    is_err: bool,
-) -> std::thread::JoinHandle<()> {
+fn forward(stream: impl std::io::Read + Send + 'static, rank: u32, is_err: bool) -> std::thread::JoinHandle<()> {
     std::thread::spawn(move || {
         let mut r = BufReader::new(stream);
         let mut line = Vec::new();
@@ -297,11 +269,7 @@ fn forward(
                     if !out.ends_with(b"\n") {
                         out.push(b'\n');
                     }
-                    let _ = if is_err {
-                        std::io::stderr().lock().write_all(&out)
-                    } else {
-                        std::io::stdout().lock().write_all(&out)
-                    };
+                    let _ = if is_err { std::io::stderr().lock().write_all(&out) } else { std::io::stdout().lock().write_all(&out) };
                 }
             }
         }
@@ -320,25 +288,17 @@ fn serve(listener: &TcpListener, np: u32) {
         let Ok((OP_HELLO, body)) = wire::read_frame(&mut s) else {
             return;
         };
-        let Some(rank) = body
-            .get(..4)
-            .map(|b| u32::from_le_bytes(b.try_into().expect("4 bytes")))
-        else {
+        let Some(rank) = body.get(..4).map(|b| u32::from_le_bytes(b.try_into().expect("4 bytes"))) else {
             return;
         };
-        let size = body
-            .get(4..8)
-            .map(|b| u32::from_le_bytes(b.try_into().expect("4 bytes")));
+        let size = body.get(4..8).map(|b| u32::from_le_bytes(b.try_into().expect("4 bytes")));
         if rank >= np || size != Some(np) || conns[rank as usize].is_some() {
             return;
         }
         conns[rank as usize] = Some(s);
     }
     let mut conns: Vec<TcpStream> = conns.into_iter().flatten().collect();
-    if conns
-        .iter_mut()
-        .any(|c| wire::write_frame(c, OP_HELLO, &[]).is_err())
-    {
+    if conns.iter_mut().any(|c| wire::write_frame(c, OP_HELLO, &[]).is_err()) {
         return;
     }
     loop {
@@ -374,20 +334,12 @@ pub(crate) fn watch_launcher() -> Result<()> {
         return Ok(());
     };
     let Ok(pid) = pid.parse::<i32>() else {
-        return Err(Error::Bootstrap(format!(
-            "{ENV_LAUNCHER_PID}={pid:?} is not a pid"
-        )));
+        return Err(Error::Bootstrap(format!("{ENV_LAUNCHER_PID}={pid:?} is not a pid")));
     };
     rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::KILL))
         .map_err(|e| Error::Bootstrap(format!("PR_SET_PDEATHSIG: {e}")))?;
-    if rustix::process::getppid()
-        .map(rustix::process::Pid::as_raw_nonzero)
-        .map(i32::from)
-        != Some(pid)
-    {
-        return Err(Error::Bootstrap(format!(
-            "the launcher (pid {pid}) is gone"
-        )));
+    if rustix::process::getppid().map(rustix::process::Pid::as_raw_nonzero).map(i32::from) != Some(pid) {
+        return Err(Error::Bootstrap(format!("the launcher (pid {pid}) is gone")));
     }
     Ok(())
 }

@@ -36,11 +36,7 @@ pub struct Scope<'s, 'env> {
 
 impl<'s, 'env> Scope<'s, 'env> {
     pub(crate) fn new(comm: &'s Comm, lender: &'s Lender<'s, 'env>) -> Self {
-        Self {
-            comm,
-            lender,
-            pending: RefCell::new(Vec::new()),
-        }
+        Self { comm, lender, pending: RefCell::new(Vec::new()) }
     }
 
     /// The communicator.
@@ -50,11 +46,7 @@ impl<'s, 'env> Scope<'s, 'env> {
 
     fn request(&self, id: ReqId, elem_size: usize) -> Request<'s> {
         self.pending.borrow_mut().push(id);
-        Request {
-            id,
-            elem_size,
-            _scope: PhantomData,
-        }
+        Request { id, elem_size, _scope: PhantomData }
     }
 
     /// Starts sending `buf` to `dest`.
@@ -64,13 +56,7 @@ impl<'s, 'env> Scope<'s, 'env> {
         self.isend_ctx(self.comm.ctx, buf, dest, tag)
     }
 
-    pub(crate) fn isend_ctx<T: Pod>(
-        &self,
-        ctx: u32,
-        buf: &'env [T],
-        dest: u32,
-        tag: u32,
-    ) -> Result<Request<'s>> {
+    pub(crate) fn isend_ctx<T: Pod>(&self, ctx: u32, buf: &'env [T], dest: u32, tag: u32) -> Result<Request<'s>> {
         let w = self.comm.check_rank("send destination", dest)?;
         let lent = self.lender.lend(bytemuck::cast_slice(buf));
         let id = {
@@ -83,12 +69,7 @@ impl<'s, 'env> Scope<'s, 'env> {
     }
 
     /// Starts receiving into `buf` from `src` with `tag` (wildcards allowed).
-    pub fn irecv<T: Pod>(
-        &self,
-        buf: &'env mut [T],
-        src: impl Into<Source>,
-        tag: impl Into<Tag>,
-    ) -> Result<Request<'s>> {
+    pub fn irecv<T: Pod>(&self, buf: &'env mut [T], src: impl Into<Source>, tag: impl Into<Tag>) -> Result<Request<'s>> {
         self.comm.sh.check_live("irecv")?;
         let (s, waits_on) = self.comm.source_filter(src.into())?;
         let t = Comm::tag_filter(tag.into())?;
@@ -114,38 +95,19 @@ impl<'s, 'env> Scope<'s, 'env> {
     }
 
     /// Receive from a known communicator rank on the collective context.
-    pub(crate) fn irecv_coll<T: Pod>(
-        &self,
-        buf: &'env mut [T],
-        src: u32,
-        tag: u32,
-    ) -> Result<Request<'s>> {
+    pub(crate) fn irecv_coll<T: Pod>(&self, buf: &'env mut [T], src: u32, tag: u32) -> Result<Request<'s>> {
         let w = self.comm.check_rank("collective source", src)?;
-        self.irecv_ctx(
-            self.comm.coll_ctx(),
-            buf,
-            Some(w),
-            Some(tag),
-            WaitsOn::Peer(w),
-        )
+        self.irecv_ctx(self.comm.coll_ctx(), buf, Some(w), Some(tag), WaitsOn::Peer(w))
     }
 
     /// Send to a communicator rank on the collective context.
-    pub(crate) fn isend_coll<T: Pod>(
-        &self,
-        buf: &'env [T],
-        dest: u32,
-        tag: u32,
-    ) -> Result<Request<'s>> {
+    pub(crate) fn isend_coll<T: Pod>(&self, buf: &'env [T], dest: u32, tag: u32) -> Result<Request<'s>> {
         self.isend_ctx(self.comm.coll_ctx(), buf, dest, tag)
     }
 
     fn forget(&self, id: ReqId) -> Result<()> {
         let mut p = self.pending.borrow_mut();
-        let i = p
-            .iter()
-            .position(|&x| x == id)
-            .ok_or(Error::StaleRequest(id.index()))?;
+        let i = p.iter().position(|&x| x == id).ok_or(Error::StaleRequest(id.index()))?;
         p.swap_remove(i);
         Ok(())
     }
@@ -174,8 +136,7 @@ impl<'s, 'env> Scope<'s, 'env> {
         let sh = &self.comm.sh;
         let mut e = sh.engine.borrow_mut();
         if e.is_pending(req.id) {
-            e.progress(&mut sh.lend.borrow_mut())
-                .map_err(|err| self.comm.localize(err))?;
+            e.progress(&mut sh.lend.borrow_mut()).map_err(|err| self.comm.localize(err))?;
         }
         Ok(!e.is_pending(req.id))
     }
@@ -201,10 +162,7 @@ impl<'s, 'env> Scope<'s, 'env> {
     /// Waits for whichever request completes first; its index and status.
     pub fn wait_any(&self, reqs: &mut Vec<Request<'s>>) -> Result<(usize, Status)> {
         if reqs.is_empty() {
-            return Err(Error::InvalidCount {
-                what: "wait_any",
-                detail: "no requests given".into(),
-            });
+            return Err(Error::InvalidCount { what: "wait_any", detail: "no requests given".into() });
         }
         loop {
             for i in 0..reqs.len() {

@@ -5,9 +5,7 @@
 
 use fmx_shm::{ShmConfig, ShmEndpoint, ShmSetup};
 use fmx_transport::loopback::Loopback;
-use fmx_transport::{
-    Endpoint, MsgHeader, OpStatus, PeerId, PeerState, RemoteKey, SendOutcome, TransportError,
-};
+use fmx_transport::{Endpoint, MsgHeader, OpStatus, PeerId, PeerState, RemoteKey, SendOutcome, TransportError};
 
 use crate::bootstrap::Bootstrap;
 use crate::error::{Error, Result};
@@ -38,10 +36,7 @@ impl Transport {
 pub(crate) fn open(boot: &mut Bootstrap) -> Result<Transport> {
     let choice = boot.transport_hint().unwrap_or_else(|| "auto".into());
     if !TRANSPORT_NAMES.contains(&choice.as_str()) {
-        return Err(Error::Bootstrap(format!(
-            "transport {choice:?} is not known to this build (known: {})",
-            TRANSPORT_NAMES.join(", ")
-        )));
+        return Err(Error::Bootstrap(format!("transport {choice:?} is not known to this build (known: {})", TRANSPORT_NAMES.join(", "))));
     }
     if boot.size() == 1 {
         return Ok(Transport::Loopback(Loopback::new()));
@@ -82,12 +77,7 @@ impl Endpoint for Transport {
         dispatch!(self, ep => ep.max_eager())
     }
     #[inline]
-    fn try_send(
-        &mut self,
-        peer: PeerId,
-        header: &MsgHeader,
-        payload: &[u8],
-    ) -> Result<SendOutcome, TransportError> {
+    fn try_send(&mut self, peer: PeerId, header: &MsgHeader, payload: &[u8]) -> Result<SendOutcome, TransportError> {
         dispatch!(self, ep => ep.try_send(peer, header, payload))
     }
     #[inline]
@@ -106,20 +96,10 @@ impl Endpoint for Transport {
     fn revoke(&mut self, key: &RemoteKey) {
         dispatch!(self, ep => ep.revoke(key));
     }
-    fn read(
-        &mut self,
-        peer: PeerId,
-        remote: &RemoteKey,
-        local: &mut [u8],
-    ) -> Result<OpStatus, TransportError> {
+    fn read(&mut self, peer: PeerId, remote: &RemoteKey, local: &mut [u8]) -> Result<OpStatus, TransportError> {
         dispatch!(self, ep => ep.read(peer, remote, local))
     }
-    fn write(
-        &mut self,
-        peer: PeerId,
-        local: &[u8],
-        remote: &RemoteKey,
-    ) -> Result<OpStatus, TransportError> {
+    fn write(&mut self, peer: PeerId, local: &[u8], remote: &RemoteKey) -> Result<OpStatus, TransportError> {
         dispatch!(self, ep => ep.write(peer, local, remote))
     }
     fn poll_ops<F>(&mut self, done: F) -> Result<usize, TransportError>

@@ -26,20 +26,10 @@ fn parse(mut args: impl Iterator<Item = OsString>) -> Result<fmx::launcher::Laun
         match a.to_str() {
             Some("-n" | "-np") => {
                 let v = args.next().ok_or("-n needs a number")?;
-                let n = v
-                    .to_string_lossy()
-                    .parse::<u32>()
-                    .map_err(|_| format!("-n: {v:?} is not a number"))?;
+                let n = v.to_string_lossy().parse::<u32>().map_err(|_| format!("-n: {v:?} is not a number"))?;
                 np = Some(n);
             }
-            Some("--transport") => {
-                transport = Some(
-                    args.next()
-                        .ok_or("--transport needs a name")?
-                        .to_string_lossy()
-                        .into_owned(),
-                )
-            }
+            Some("--transport") => transport = Some(args.next().ok_or("--transport needs a name")?.to_string_lossy().into_owned()),
             Some("-l" | "--label") => label = true,
             Some("--kill-grace") => grace = secs(args.next(), "--kill-grace")?,
             Some("--timeout") => timeout = Some(secs(args.next(), "--timeout")?),

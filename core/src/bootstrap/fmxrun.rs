@@ -22,10 +22,8 @@ pub(crate) struct Client {
 }
 
 fn env_u32(name: &str) -> Result<u32> {
-    let v = std::env::var(name)
-        .map_err(|_| Error::Bootstrap(format!("{name} is not set (fmxrun sets it)")))?;
-    v.parse()
-        .map_err(|_| Error::Bootstrap(format!("{name}={v:?} is not a number")))
+    let v = std::env::var(name).map_err(|_| Error::Bootstrap(format!("{name} is not set (fmxrun sets it)")))?;
+    v.parse().map_err(|_| Error::Bootstrap(format!("{name}={v:?} is not a number")))
 }
 
 impl Client {
@@ -34,25 +32,14 @@ impl Client {
         let rank = env_u32("FMX_RANK")?;
         let size = env_u32("FMX_SIZE")?;
         if size == 0 || rank >= size {
-            return Err(Error::Bootstrap(format!(
-                "FMX_RANK={rank} is not below FMX_SIZE={size}"
-            )));
+            return Err(Error::Bootstrap(format!("FMX_RANK={rank} is not below FMX_SIZE={size}")));
         }
-        let job = std::env::var("FMX_JOB")
-            .map_err(|_| Error::Bootstrap("FMX_JOB is not set (fmxrun sets it)".into()))?;
+        let job = std::env::var("FMX_JOB").map_err(|_| Error::Bootstrap("FMX_JOB is not set (fmxrun sets it)".into()))?;
         let io = |what: String| move |source| Error::BootstrapIo { what, source };
-        let stream =
-            TcpStream::connect(&addr).map_err(io(format!("connecting to fmxrun at {addr}")))?;
+        let stream = TcpStream::connect(&addr).map_err(io(format!("connecting to fmxrun at {addr}")))?;
         stream.set_nodelay(true).map_err(io("TCP_NODELAY".into()))?;
-        stream
-            .set_read_timeout(Some(ROUND_TIMEOUT))
-            .map_err(io("read timeout".into()))?;
-        let mut c = Self {
-            rank,
-            size,
-            job,
-            stream: BufReader::new(stream),
-        };
+        stream.set_read_timeout(Some(ROUND_TIMEOUT)).map_err(io("read timeout".into()))?;
+        let mut c = Self { rank, size, job, stream: BufReader::new(stream) };
         let mut hello = Vec::new();
         for v in [rank, size, std::process::id()] {
             hello.extend_from_slice(&v.to_le_bytes());
@@ -62,30 +49,21 @@ impl Client {
     }
 
     fn round(&mut self, op: u8, body: &[u8], what: &str) -> Result<Vec<u8>> {
-        let err = |source: std::io::Error| Error::BootstrapIo {
-            what: format!("{what} round with fmxrun (another rank may have died)"),
-            source,
-        };
+        let err =
+            |source: std::io::Error| Error::BootstrapIo { what: format!("{what} round with fmxrun (another rank may have died)"), source };
         wire::write_frame(self.stream.get_mut(), op, body).map_err(err)?;
         let (rop, reply) = wire::read_frame(&mut self.stream).map_err(err)?;
         if rop != op {
-            return Err(Error::Bootstrap(format!(
-                "fmxrun answered op {rop:?} to {what}"
-            )));
+            return Err(Error::Bootstrap(format!("fmxrun answered op {rop:?} to {what}")));
         }
         Ok(reply)
     }
 
     pub(crate) fn allgather(&mut self, blob: &[u8]) -> Result<Vec<Vec<u8>>> {
         let reply = self.round(OP_ALLGATHER, blob, "allgather")?;
-        let blobs = wire::decode_blobs(&reply)
-            .ok_or_else(|| Error::Bootstrap("malformed allgather reply".into()))?;
+        let blobs = wire::decode_blobs(&reply).ok_or_else(|| Error::Bootstrap("malformed allgather reply".into()))?;
         if blobs.len() != self.size as usize {
-            return Err(Error::Bootstrap(format!(
-                "allgather returned {} blobs for {} ranks",
-                blobs.len(),
-                self.size
-            )));
+            return Err(Error::Bootstrap(format!("allgather returned {} blobs for {} ranks", blobs.len(), self.size)));
         }
         Ok(blobs)
     }

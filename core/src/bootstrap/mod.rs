@@ -53,9 +53,7 @@ impl Bootstrap {
 
     /// Transport asked for by the launcher, if any.
     pub(crate) fn transport_hint(&self) -> Option<String> {
-        std::env::var("FMX_TRANSPORT")
-            .ok()
-            .filter(|s| !s.is_empty())
+        std::env::var("FMX_TRANSPORT").ok().filter(|s| !s.is_empty())
     }
 
     /// Everyone's blob, in rank order.

@@ -21,8 +21,7 @@ pub const MAX_FRAME: usize = 64 << 20;
 
 /// Writes one frame.
 pub fn write_frame(w: &mut impl Write, op: u8, body: &[u8]) -> io::Result<()> {
-    let len = u32::try_from(body.len() + 1)
-        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "frame too large"))?;
+    let len = u32::try_from(body.len() + 1).map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "frame too large"))?;
     let mut buf = Vec::with_capacity(5 + body.len());
     buf.extend_from_slice(&len.to_le_bytes());
     buf.push(op);
@@ -37,10 +36,7 @@ pub fn read_frame(r: &mut impl Read) -> io::Result<(u8, Vec<u8>)> {
     r.read_exact(&mut len)?;
     let len = u32::from_le_bytes(len) as usize;
     if len == 0 || len > MAX_FRAME {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidData,
-            format!("bootstrap frame of {len} bytes"),
-        ));
+        return Err(io::Error::new(io::ErrorKind::InvalidData, format!("bootstrap frame of {len} bytes")));
     }
     let mut body = vec![0u8; len];
     r.read_exact(&mut body)?;

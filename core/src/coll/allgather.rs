@@ -15,10 +15,7 @@ impl Comm {
         if recv_buf.len() != n * m {
             return Err(Error::InvalidCount {
                 what: "allgather",
-                detail: format!(
-                    "receive buffer has {} elements, expected {n} ranks x {m}",
-                    recv_buf.len()
-                ),
+                detail: format!("receive buffer has {} elements, expected {n} ranks x {m}", recv_buf.len()),
             });
         }
         let me = self.rank() as usize;
@@ -44,24 +41,14 @@ impl Comm {
     }
 
     /// Every rank's `send_buf` into `recv_buf` at `displs[rank]` (counts in elements).
-    pub fn allgatherv<T: Pod>(
-        &self,
-        send_buf: &[T],
-        recv_buf: &mut [T],
-        counts: &[usize],
-        displs: &[usize],
-    ) -> Result<()> {
+    pub fn allgatherv<T: Pod>(&self, send_buf: &[T], recv_buf: &mut [T], counts: &[usize], displs: &[usize]) -> Result<()> {
         self.sh.check_live("allgatherv")?;
         check_v("allgatherv", counts, displs, self.size(), recv_buf.len())?;
         let me = self.rank() as usize;
         if counts[me] != send_buf.len() {
             return Err(Error::InvalidCount {
                 what: "allgatherv",
-                detail: format!(
-                    "rank {me}'s count {} differs from its send buffer of {}",
-                    counts[me],
-                    send_buf.len()
-                ),
+                detail: format!("rank {me}'s count {} differs from its send buffer of {}", counts[me], send_buf.len()),
             });
         }
         recv_buf[displs[me]..displs[me] + counts[me]].copy_from_slice(send_buf);
@@ -69,12 +56,7 @@ impl Comm {
     }
 
     /// Ring: in step k pass block (r − k) right, take block (r − k − 1) from the left.
-    fn allgatherv_ring<T: Pod>(
-        &self,
-        buf: &mut [T],
-        counts: &[usize],
-        displs: &[usize],
-    ) -> Result<()> {
+    fn allgatherv_ring<T: Pod>(&self, buf: &mut [T], counts: &[usize], displs: &[usize]) -> Result<()> {
         let n = self.size() as usize;
         let r = self.rank() as usize;
         let right = ((r + 1) % n) as u32;
@@ -82,11 +64,7 @@ impl Comm {
         for k in 0..n.saturating_sub(1) {
             let sb = (r + n - k) % n;
             let rb = (r + n - k - 1) % n;
-            let (s, d) = split_two(
-                buf,
-                displs[sb]..displs[sb] + counts[sb],
-                displs[rb]..displs[rb] + counts[rb],
-            );
+            let (s, d) = split_two(buf, displs[sb]..displs[sb] + counts[sb], displs[rb]..displs[rb] + counts[rb]);
             sendrecv(self, s, right, d, left, tag::ALLGATHER + 100)?;
         }
         Ok(())

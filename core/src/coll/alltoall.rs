@@ -16,7 +16,11 @@ impl Comm {
         if send_buf.len() != recv_buf.len() || send_buf.len() % n != 0 {
             return Err(Error::InvalidCount {
                 what: "alltoall",
-                detail: format!("send buffer {} and receive buffer {} elements must be equal multiples of {n} ranks", send_buf.len(), recv_buf.len()),
+                detail: format!(
+                    "send buffer {} and receive buffer {} elements must be equal multiples of {n} ranks",
+                    send_buf.len(),
+                    recv_buf.len()
+                ),
             });
         }
         let m = send_buf.len() / n;
@@ -37,34 +41,17 @@ impl Comm {
     ) -> Result<()> {
         self.sh.check_live("alltoallv")?;
         let n = self.size() as usize;
-        check_v(
-            "alltoallv send",
-            scounts,
-            sdispls,
-            self.size(),
-            send_buf.len(),
-        )?;
-        check_v(
-            "alltoallv receive",
-            rcounts,
-            rdispls,
-            self.size(),
-            recv_buf.len(),
-        )?;
+        check_v("alltoallv send", scounts, sdispls, self.size(), send_buf.len())?;
+        check_v("alltoallv receive", rcounts, rdispls, self.size(), recv_buf.len())?;
         let me = self.rank() as usize;
         if scounts[me] != rcounts[me] {
             return Err(Error::InvalidCount {
                 what: "alltoallv",
-                detail: format!(
-                    "rank {me} sends itself {} elements but expects {}",
-                    scounts[me], rcounts[me]
-                ),
+                detail: format!("rank {me} sends itself {} elements but expects {}", scounts[me], rcounts[me]),
             });
         }
-        recv_buf[rdispls[me]..rdispls[me] + rcounts[me]]
-            .copy_from_slice(&send_buf[sdispls[me]..sdispls[me] + scounts[me]]);
-        let max_bytes =
-            scounts.iter().chain(rcounts).max().copied().unwrap_or(0) * std::mem::size_of::<T>();
+        recv_buf[rdispls[me]..rdispls[me] + rcounts[me]].copy_from_slice(&send_buf[sdispls[me]..sdispls[me] + scounts[me]]);
+        let max_bytes = scounts.iter().chain(rcounts).max().copied().unwrap_or(0) * std::mem::size_of::<T>();
         if max_bytes < SCATTERED_BYTES {
             let parts = disjoint_parts(recv_buf, rcounts, rdispls, me)?;
             return self.scope(|s| {
@@ -73,11 +60,7 @@ impl Comm {
                 }
                 for k in 1..n {
                     let r = (me + k) % n;
-                    let _ = s.isend_coll(
-                        &send_buf[sdispls[r]..sdispls[r] + scounts[r]],
-                        r as u32,
-                        tag::ALLTOALL,
-                    )?;
+                    let _ = s.isend_coll(&send_buf[sdispls[r]..sdispls[r] + scounts[r]], r as u32, tag::ALLTOALL)?;
                 }
                 Ok(())
             });

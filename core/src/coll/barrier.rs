@@ -10,14 +10,7 @@ impl Comm {
         let mut k = 1;
         let mut round = 0;
         while k < n {
-            sendrecv::<u8>(
-                self,
-                &[],
-                (r + k) % n,
-                &mut [],
-                (r + n - k) % n,
-                tag::BARRIER + round,
-            )?;
+            sendrecv::<u8>(self, &[], (r + k) % n, &mut [], (r + n - k) % n, tag::BARRIER + round)?;
             k *= 2;
             round += 1;
         }

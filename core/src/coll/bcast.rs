@@ -82,14 +82,8 @@ impl Comm {
 }
 
 /// Two disjoint ranges of `buf`, one to read and one to write.
-pub(crate) fn split_two<T>(
-    buf: &mut [T],
-    read: std::ops::Range<usize>,
-    write: std::ops::Range<usize>,
-) -> (&[T], &mut [T]) {
-    debug_assert!(
-        read.end <= write.start || write.end <= read.start || read.is_empty() || write.is_empty()
-    );
+pub(crate) fn split_two<T>(buf: &mut [T], read: std::ops::Range<usize>, write: std::ops::Range<usize>) -> (&[T], &mut [T]) {
+    debug_assert!(read.end <= write.start || write.end <= read.start || read.is_empty() || write.is_empty());
     if read.start < write.start {
         let (a, b) = buf.split_at_mut(write.start);
         (&a[read], &mut b[..write.len()])

@@ -5,10 +5,7 @@ use crate::comm::Comm;
 use crate::error::{Error, Result};
 
 fn equal_counts(n: usize, each: usize) -> (Vec<usize>, Vec<usize>) {
-    (
-        (0..n).map(|_| each).collect(),
-        (0..n).map(|i| i * each).collect(),
-    )
+    ((0..n).map(|_| each).collect(), (0..n).map(|i| i * each).collect())
 }
 
 impl Comm {
@@ -19,11 +16,7 @@ impl Comm {
         if self.rank() == root && recv_buf.len() != n * send_buf.len() {
             return Err(Error::InvalidCount {
                 what: "gather",
-                detail: format!(
-                    "receive buffer has {} elements, expected {n} ranks x {}",
-                    recv_buf.len(),
-                    send_buf.len()
-                ),
+                detail: format!("receive buffer has {} elements, expected {n} ranks x {}", recv_buf.len(), send_buf.len()),
             });
         }
         let (counts, displs) = equal_counts(n, send_buf.len());
@@ -31,14 +24,7 @@ impl Comm {
     }
 
     /// Like [`Comm::gather`] with per-rank counts and displacements (in elements) at the root.
-    pub fn gatherv<T: Pod>(
-        &self,
-        send_buf: &[T],
-        recv_buf: &mut [T],
-        counts: &[usize],
-        displs: &[usize],
-        root: u32,
-    ) -> Result<()> {
+    pub fn gatherv<T: Pod>(&self, send_buf: &[T], recv_buf: &mut [T], counts: &[usize], displs: &[usize], root: u32) -> Result<()> {
         self.sh.check_live("gatherv")?;
         check_root(self, root)?;
         if self.rank() != root {
@@ -49,11 +35,7 @@ impl Comm {
         if counts[me] != send_buf.len() {
             return Err(Error::InvalidCount {
                 what: "gatherv",
-                detail: format!(
-                    "root's own count {} differs from its send buffer of {}",
-                    counts[me],
-                    send_buf.len()
-                ),
+                detail: format!("root's own count {} differs from its send buffer of {}", counts[me], send_buf.len()),
             });
         }
         recv_buf[displs[me]..displs[me] + counts[me]].copy_from_slice(send_buf);
@@ -73,11 +55,7 @@ impl Comm {
         if self.rank() == root && send_buf.len() != n * recv_buf.len() {
             return Err(Error::InvalidCount {
                 what: "scatter",
-                detail: format!(
-                    "send buffer has {} elements, expected {n} ranks x {}",
-                    send_buf.len(),
-                    recv_buf.len()
-                ),
+                detail: format!("send buffer has {} elements, expected {n} ranks x {}", send_buf.len(), recv_buf.len()),
             });
         }
         let (counts, displs) = equal_counts(n, recv_buf.len());
@@ -85,14 +63,7 @@ impl Comm {
     }
 
     /// Like [`Comm::scatter`] with per-rank counts and displacements at the root.
-    pub fn scatterv<T: Pod>(
-        &self,
-        send_buf: &[T],
-        counts: &[usize],
-        displs: &[usize],
-        recv_buf: &mut [T],
-        root: u32,
-    ) -> Result<()> {
+    pub fn scatterv<T: Pod>(&self, send_buf: &[T], counts: &[usize], displs: &[usize], recv_buf: &mut [T], root: u32) -> Result<()> {
         self.sh.check_live("scatterv")?;
         check_root(self, root)?;
         if self.rank() != root {
@@ -103,21 +74,13 @@ impl Comm {
         if counts[me] != recv_buf.len() {
             return Err(Error::InvalidCount {
                 what: "scatterv",
-                detail: format!(
-                    "root's own count {} differs from its receive buffer of {}",
-                    counts[me],
-                    recv_buf.len()
-                ),
+                detail: format!("root's own count {} differs from its receive buffer of {}", counts[me], recv_buf.len()),
             });
         }
         recv_buf.copy_from_slice(&send_buf[displs[me]..displs[me] + counts[me]]);
         self.scope(|s| {
             for r in (0..self.size() as usize).filter(|&r| r != me) {
-                let _ = s.isend_coll(
-                    &send_buf[displs[r]..displs[r] + counts[r]],
-                    r as u32,
-                    tag::SCATTER,
-                )?;
+                let _ = s.isend_coll(&send_buf[displs[r]..displs[r] + counts[r]], r as u32, tag::SCATTER)?;
             }
             Ok(())
         })
@@ -132,9 +95,7 @@ pub(crate) fn disjoint_parts<'a, T>(
     displs: &[usize],
     skip: usize,
 ) -> Result<Vec<(usize, &'a mut [T])>> {
-    let mut order: Vec<usize> = (0..counts.len())
-        .filter(|&r| r != skip && counts[r] > 0)
-        .collect();
+    let mut order: Vec<usize> = (0..counts.len()).filter(|&r| r != skip && counts[r] > 0).collect();
     order.sort_by_key(|&r| displs[r]);
     let mut parts = Vec::with_capacity(order.len());
     let mut rest = buf;
@@ -143,10 +104,7 @@ pub(crate) fn disjoint_parts<'a, T>(
         if displs[r] < consumed {
             return Err(Error::InvalidCount {
                 what: "receive displacements",
-                detail: format!(
-                    "rank {r}'s region at displacement {} overlaps another rank's",
-                    displs[r]
-                ),
+                detail: format!("rank {r}'s region at displacement {} overlaps another rank's", displs[r]),
             });
         }
         let tail = std::mem::take(&mut rest);

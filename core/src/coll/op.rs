@@ -71,14 +71,8 @@ impl<T: Reduce> Op<'_, T> {
     pub fn apply(&self, input: &[T], inout: &mut [T]) {
         debug_assert_eq!(input.len(), inout.len());
         match self {
-            Self::Sum => inout
-                .iter_mut()
-                .zip(input)
-                .for_each(|(o, &i)| *o = T::add(i, *o)),
-            Self::Prod => inout
-                .iter_mut()
-                .zip(input)
-                .for_each(|(o, &i)| *o = T::mul(i, *o)),
+            Self::Sum => inout.iter_mut().zip(input).for_each(|(o, &i)| *o = T::add(i, *o)),
+            Self::Prod => inout.iter_mut().zip(input).for_each(|(o, &i)| *o = T::mul(i, *o)),
             Self::Min => inout.iter_mut().zip(input).for_each(|(o, &i)| {
                 if i < *o {
                     *o = i;

@@ -8,13 +8,7 @@ use crate::error::Result;
 impl Comm {
     /// Combines `send` of every rank with `op` into `recv` at `root` (`recv` is
     /// only written at the root; other ranks may pass an empty slice).
-    pub fn reduce<T: Reduce>(
-        &self,
-        send_buf: &[T],
-        recv_buf: &mut [T],
-        op: Op<'_, T>,
-        root: u32,
-    ) -> Result<()> {
+    pub fn reduce<T: Reduce>(&self, send_buf: &[T], recv_buf: &mut [T], op: Op<'_, T>, root: u32) -> Result<()> {
         self.sh.check_live("reduce")?;
         check_root(self, root)?;
         if self.rank() == root {
@@ -43,12 +37,7 @@ impl Comm {
     }
 
     /// Combines `send` of every rank with `op` into `recv` of every rank.
-    pub fn allreduce<T: Reduce>(
-        &self,
-        send_buf: &[T],
-        recv_buf: &mut [T],
-        op: Op<'_, T>,
-    ) -> Result<()> {
+    pub fn allreduce<T: Reduce>(&self, send_buf: &[T], recv_buf: &mut [T], op: Op<'_, T>) -> Result<()> {
         self.sh.check_live("allreduce")?;
         same_len("allreduce", send_buf.len(), recv_buf.len())?;
         recv_buf.copy_from_slice(send_buf);
@@ -120,14 +109,7 @@ impl Comm {
             let sb = block(len, n, (r + n - k) % n);
             let rb = block(len, n, (r + n - k - 1) % n);
             let rlen = rb.len();
-            sendrecv(
-                self,
-                &acc[sb],
-                right,
-                &mut tmp[..rlen],
-                left,
-                tag::ALLREDUCE + 200,
-            )?;
+            sendrecv(self, &acc[sb], right, &mut tmp[..rlen], left, tag::ALLREDUCE + 200)?;
             op.apply(&tmp[..rlen], &mut acc[rb]);
         }
         // Allgather: rank r now owns block (r + 1) fully reduced.

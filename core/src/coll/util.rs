@@ -28,14 +28,7 @@ pub(crate) fn block(n: usize, parts: usize, i: usize) -> Range<usize> {
 }
 
 /// Exchanges with two peers at once on the collective context.
-pub(crate) fn sendrecv<T: Pod>(
-    c: &Comm,
-    send: &[T],
-    dest: u32,
-    recv: &mut [T],
-    src: u32,
-    tag: u32,
-) -> Result<()> {
+pub(crate) fn sendrecv<T: Pod>(c: &Comm, send: &[T], dest: u32, recv: &mut [T], src: u32, tag: u32) -> Result<()> {
     c.scope(|s| {
         let r = s.irecv_coll(recv, src, tag)?;
         let w = s.isend_coll(send, dest, tag)?;
@@ -63,29 +56,16 @@ pub(crate) fn same_len(what: &'static str, a: usize, b: usize) -> Result<()> {
     if a == b {
         Ok(())
     } else {
-        Err(Error::InvalidCount {
-            what,
-            detail: format!("send buffer has {a} elements but receive buffer {b}"),
-        })
+        Err(Error::InvalidCount { what, detail: format!("send buffer has {a} elements but receive buffer {b}") })
     }
 }
 
 /// Checks per-rank counts and displacements against a buffer.
-pub(crate) fn check_v(
-    what: &'static str,
-    counts: &[usize],
-    displs: &[usize],
-    size: u32,
-    buf_len: usize,
-) -> Result<()> {
+pub(crate) fn check_v(what: &'static str, counts: &[usize], displs: &[usize], size: u32, buf_len: usize) -> Result<()> {
     if counts.len() != size as usize || displs.len() != size as usize {
         return Err(Error::InvalidCount {
             what,
-            detail: format!(
-                "{} counts and {} displacements for {size} ranks",
-                counts.len(),
-                displs.len()
-            ),
+            detail: format!("{} counts and {} displacements for {size} ranks", counts.len(), displs.len()),
         });
     }
     for (r, (&c, &d)) in counts.iter().zip(displs).enumerate() {

@@ -77,26 +77,13 @@ impl Matching {
     }
 
     /// The earliest unexpected message this receive accepts, removed.
-    pub(crate) fn take_unexpected(
-        &mut self,
-        ctx: u32,
-        src: Option<u32>,
-        tag: Option<u32>,
-    ) -> Option<Unexpected> {
-        let i = self
-            .unexpected
-            .iter()
-            .position(|u| u.matches(ctx, src, tag))?;
+    pub(crate) fn take_unexpected(&mut self, ctx: u32, src: Option<u32>, tag: Option<u32>) -> Option<Unexpected> {
+        let i = self.unexpected.iter().position(|u| u.matches(ctx, src, tag))?;
         self.unexpected.remove(i)
     }
 
     /// The earliest unexpected message this receive would accept (probe).
-    pub(crate) fn peek_unexpected(
-        &self,
-        ctx: u32,
-        src: Option<u32>,
-        tag: Option<u32>,
-    ) -> Option<&Unexpected> {
+    pub(crate) fn peek_unexpected(&self, ctx: u32, src: Option<u32>, tag: Option<u32>) -> Option<&Unexpected> {
         self.unexpected.iter().find(|u| u.matches(ctx, src, tag))
     }
 
@@ -129,13 +116,7 @@ mod tests {
     }
 
     fn unexp(src: u32, ctx: u32, tag: u32, byte: u8) -> Unexpected {
-        Unexpected {
-            src,
-            ctx,
-            tag,
-            len: 1,
-            body: Body::Eager(vec![byte]),
-        }
+        Unexpected { src, ctx, tag, len: 1, body: Body::Eager(vec![byte]) }
     }
 
     #[test]
@@ -145,46 +126,15 @@ mod tests {
         lend_scope(&table, |s| {
             let [b0, b1, b2, b3] = &mut b;
             let mut m = Matching::default();
-            m.post(Posted {
-                req: id(0),
-                ctx: 1,
-                src: Some(2),
-                tag: Some(5),
-                buf: s.lend_mut(b0),
-            });
-            m.post(Posted {
-                req: id(1),
-                ctx: 1,
-                src: None,
-                tag: Some(5),
-                buf: s.lend_mut(b1),
-            });
-            m.post(Posted {
-                req: id(2),
-                ctx: 1,
-                src: Some(3),
-                tag: None,
-                buf: s.lend_mut(b2),
-            });
-            m.post(Posted {
-                req: id(3),
-                ctx: 2,
-                src: None,
-                tag: None,
-                buf: s.lend_mut(b3),
-            });
+            m.post(Posted { req: id(0), ctx: 1, src: Some(2), tag: Some(5), buf: s.lend_mut(b0) });
+            m.post(Posted { req: id(1), ctx: 1, src: None, tag: Some(5), buf: s.lend_mut(b1) });
+            m.post(Posted { req: id(2), ctx: 1, src: Some(3), tag: None, buf: s.lend_mut(b2) });
+            m.post(Posted { req: id(3), ctx: 2, src: None, tag: None, buf: s.lend_mut(b3) });
             // (3, ctx 1, tag 5): id0 wants src 2, id1 takes any source with tag 5.
             assert_eq!(m.take_posted(3, 1, 5).unwrap().req, id(1));
             assert_eq!(m.take_posted(3, 1, 9).unwrap().req, id(2));
-            assert!(
-                m.take_posted(3, 1, 5).is_none(),
-                "only id0 (src 2) is left on ctx 1"
-            );
-            assert_eq!(
-                m.take_posted(7, 2, 0).unwrap().req,
-                id(3),
-                "contexts are isolated"
-            );
+            assert!(m.take_posted(3, 1, 5).is_none(), "only id0 (src 2) is left on ctx 1");
+            assert_eq!(m.take_posted(7, 2, 0).unwrap().req, id(3), "contexts are isolated");
             assert_eq!(m.take_posted(2, 1, 5).unwrap().req, id(0));
             assert_eq!(m.lens(), (0, 0));
         });
@@ -198,19 +148,14 @@ mod tests {
         m.arrive(unexp(1, 0, 7, 3));
         m.arrive(unexp(1, 4, 7, 4));
         assert_eq!(m.peek_unexpected(0, Some(1), None).map(|u| u.tag), Some(7));
-        let take = |m: &mut Matching, src, tag| match m.take_unexpected(0, src, tag).map(|u| u.body)
-        {
+        let take = |m: &mut Matching, src, tag| match m.take_unexpected(0, src, tag).map(|u| u.body) {
             Some(Body::Eager(v)) => v[0],
             _ => 0,
         };
         assert_eq!(take(&mut m, Some(1), Some(7)), 1);
         assert_eq!(take(&mut m, None, None), 2);
         assert_eq!(take(&mut m, None, Some(7)), 3, "non-overtaking from rank 1");
-        assert_eq!(
-            take(&mut m, None, None),
-            0,
-            "ctx 4 is not visible from ctx 0"
-        );
+        assert_eq!(take(&mut m, None, None), 0, "ctx 4 is not visible from ctx 0");
         assert_eq!(m.lens(), (0, 1));
     }
 }

@@ -27,13 +27,17 @@ use fmx_transport::{Endpoint, MsgHeader, MsgKind, PeerState, RemoteKey, SendOutc
 use crate::error::{Error, Result};
 use crate::select::Transport;
 use matching::{Body, Matching, Posted, Unexpected};
+use requests::Requests;
 pub(crate) use requests::{RawStatus, ReqId, WaitsOn};
-use requests::{Requests, State};
 
 /// Messages handled per poll.
 const POLL_BATCH: usize = 32;
 /// Empty polls spent spinning before a waiter starts yielding the core.
 const SPIN_POLLS: u32 = 128;
+/// Rendezvous messages from this size on are copied by both sides at once:
+/// the receiver reads the first half while the sender writes the second
+/// (two cores share the copy of one message).
+const SPLIT_MIN: u64 = 128 << 10;
 /// How often a waiter that gets nothing checks whether its peers are alive.
 const LIVENESS_EVERY: Duration = Duration::from_millis(20);
 
@@ -69,6 +73,13 @@ enum Deferred {
         cookie: u64,
         buf: Lent,
         tag: u32,
+    },
+    /// The receiver agreed to a split copy: write our second half into its buffer.
+    WriteHalf {
+        req: ReqId,
+        peer: u32,
+        key: RemoteKey,
+        recv_cookie: u64,
     },
     Revoke(RemoteKey),
 }
@@ -107,53 +118,25 @@ impl Engine {
     }
 
     /// Starts a send of the lent buffer `buf` to world rank `dest`.
-    pub(crate) fn start_send(
-        &mut self,
-        lend: &LendTable,
-        ctx: u32,
-        tag: u32,
-        dest: u32,
-        buf: Lent,
-    ) -> Result<ReqId> {
+    pub(crate) fn start_send(&mut self, lend: &LendTable, ctx: u32, tag: u32, dest: u32, buf: Lent) -> Result<ReqId> {
         let data = lend.get(buf).ok_or(Error::StaleRequest(0))?;
         let bits = match_bits(ctx, tag);
         let req = self.reqs.insert(WaitsOn::Peer(dest), "sending");
         if data.len() <= self.max_eager {
             let header = MsgHeader::eager(bits, data.len(), 0);
-            if self.outq[dest as usize].is_empty()
-                && self.tp.try_send(dest, &header, data)? == SendOutcome::Sent
-            {
-                self.reqs.complete(
-                    req,
-                    RawStatus {
-                        src: self.me,
-                        tag,
-                        sent: data.len() as u64,
-                        capacity: data.len() as u64,
-                    },
-                );
+            if self.outq[dest as usize].is_empty() && self.tp.try_send(dest, &header, data)? == SendOutcome::Sent {
+                self.reqs.complete(req, RawStatus { src: self.me, tag, sent: data.len() as u64, capacity: data.len() as u64 });
             } else {
-                self.enqueue(
-                    dest,
-                    Outgoing {
-                        header,
-                        payload: Payload::Lent(buf),
-                        completes: Some(req),
-                    },
-                );
+                self.enqueue(dest, Outgoing { header, payload: Payload::Lent(buf), completes: Some(req) });
             }
         } else {
             let key = self.tp.expose(data)?;
             if let Some(r) = self.reqs.get_mut(req) {
                 r.exposed = Some(key);
+                r.buf = Some(buf);
+                r.partial = Some(RawStatus { src: self.me, tag, sent: data.len() as u64, capacity: data.len() as u64 });
             }
-            let header = MsgHeader::control(
-                MsgKind::Rts,
-                bits,
-                data.len() as u64,
-                req.cookie(),
-                RemoteKey::BYTES,
-            );
+            let header = MsgHeader::control(MsgKind::Rts, bits, data.len() as u64, req.cookie(), RemoteKey::BYTES);
             self.send_control(dest, header, Payload::Key(key.encode()))?;
         }
         Ok(req)
@@ -171,24 +154,11 @@ impl Engine {
     ) -> Result<ReqId> {
         let req = self.reqs.insert(waits_on, "receiving");
         match self.matching.take_unexpected(ctx, src, tag) {
-            None => self.matching.post(Posted {
-                req,
-                ctx,
-                src,
-                tag,
-                buf,
-            }),
+            None => self.matching.post(Posted { req, ctx, src, tag, buf }),
             Some(u) => match u.body {
                 Body::Eager(data) => deliver(&mut self.reqs, lend, req, buf, u.src, u.tag, &data),
                 Body::Rts { key, cookie } => {
-                    self.deferred.push(Deferred::Read {
-                        req,
-                        peer: u.src,
-                        key,
-                        cookie,
-                        buf,
-                        tag: u.tag,
-                    });
+                    self.deferred.push(Deferred::Read { req, peer: u.src, key, cookie, buf, tag: u.tag });
                     self.run_deferred(lend)?;
                 }
             },
@@ -197,23 +167,9 @@ impl Engine {
     }
 
     /// Status of the earliest message that a receive of (ctx, src, tag) would match, without receiving it.
-    pub(crate) fn probe(
-        &mut self,
-        lend: &mut LendTable,
-        ctx: u32,
-        src: Option<u32>,
-        tag: Option<u32>,
-    ) -> Result<Option<RawStatus>> {
+    pub(crate) fn probe(&mut self, lend: &mut LendTable, ctx: u32, src: Option<u32>, tag: Option<u32>) -> Result<Option<RawStatus>> {
         self.progress(lend)?;
-        Ok(self
-            .matching
-            .peek_unexpected(ctx, src, tag)
-            .map(|u| RawStatus {
-                src: u.src,
-                tag: u.tag,
-                sent: u.len,
-                capacity: u.len,
-            }))
+        Ok(self.matching.peek_unexpected(ctx, src, tag).map(|u| RawStatus { src: u.src, tag: u.tag, sent: u.len, capacity: u.len }))
     }
 
     fn enqueue(&mut self, dest: u32, o: Outgoing) {
@@ -231,14 +187,7 @@ impl Engine {
                 return Ok(());
             }
         }
-        self.enqueue(
-            dest,
-            Outgoing {
-                header,
-                payload,
-                completes: None,
-            },
-        );
+        self.enqueue(dest, Outgoing { header, payload, completes: None });
         Ok(())
     }
 
@@ -269,15 +218,7 @@ impl Engine {
                 if let Some(r) = o.completes {
                     let len = o.header.len;
                     let tag = split_bits(o.header.match_bits).1;
-                    self.reqs.complete(
-                        r,
-                        RawStatus {
-                            src: self.me,
-                            tag,
-                            sent: len,
-                            capacity: len,
-                        },
-                    );
+                    self.reqs.complete(r, RawStatus { src: self.me, tag, sent: len, capacity: len });
                 }
                 self.outq[dest].pop_front();
                 self.queued -= 1;
@@ -294,17 +235,8 @@ impl Engine {
         if self.queued > 0 {
             n += self.flush_queued(lend)?;
         }
-        let Self {
-            tp,
-            matching,
-            reqs,
-            deferred,
-            poison,
-            ..
-        } = self;
-        n += tp.poll(POLL_BATCH, |peer, h, payload| {
-            on_message(matching, reqs, deferred, poison, lend, peer, h, payload)
-        })?;
+        let Self { tp, matching, reqs, deferred, poison, .. } = self;
+        n += tp.poll(POLL_BATCH, |peer, h, payload| on_message(matching, reqs, deferred, poison, lend, peer, h, payload))?;
         if let Some(e) = self.poison.take() {
             return Err(e);
         }
@@ -318,34 +250,54 @@ impl Engine {
         for d in std::mem::take(&mut self.deferred) {
             match d {
                 Deferred::Revoke(key) => self.tp.revoke(&key),
-                Deferred::Read {
-                    req,
-                    peer,
-                    key,
-                    cookie,
-                    buf,
-                    tag,
-                } => {
+                Deferred::Read { req, peer, key, cookie, buf, tag } => {
                     let fin = MsgHeader::control(MsgKind::Fin, 0, key.len, cookie, 0);
-                    match lend.get_mut(buf) {
-                        Some(dst) => {
-                            let n = dst.len().min(key.len as usize);
-                            match self.tp.read(peer, &key, &mut dst[..n]) {
-                                Ok(_) => self.reqs.complete(
-                                    req,
-                                    RawStatus {
-                                        src: peer,
-                                        tag,
-                                        sent: key.len,
-                                        capacity: dst.len() as u64,
-                                    },
-                                ),
-                                Err(e) => self.reqs.fail(req, e.into()),
-                            }
+                    let Some(dst) = lend.get_mut(buf) else {
+                        self.reqs.fail(req, Error::StaleRequest(req.index()));
+                        self.send_control(peer, fin, Payload::None)?;
+                        continue;
+                    };
+                    let status = RawStatus { src: peer, tag, sent: key.len, capacity: dst.len() as u64 };
+                    let split = key.len >= SPLIT_MIN && dst.len() as u64 >= key.len;
+                    let n = dst.len().min(key.len as usize);
+                    let mine = if split {
+                        // Expose our buffer; the sender writes the second half while we read the first.
+                        let half = (n / 2) & !63;
+                        let rkey = self.tp.expose_mut(&mut dst[..n])?;
+                        if let Some(r) = self.reqs.get_mut(req) {
+                            r.exposed = Some(rkey);
+                            r.parts_left = 2;
+                            r.partial = Some(status);
                         }
-                        None => self.reqs.fail(req, Error::StaleRequest(req.index())),
+                        let cts = MsgHeader::control(MsgKind::Cts, req.cookie(), key.len, cookie, RemoteKey::BYTES);
+                        self.send_control(peer, cts, Payload::Key(rkey.encode()))?;
+                        half
+                    } else {
+                        n
+                    };
+                    match key.slice(peer, 0, mine as u64).and_then(|k| self.tp.read(peer, &k, &mut dst[..mine])) {
+                        Ok(_) if split => self.reqs.part_done(req, status),
+                        Ok(_) => self.reqs.complete(req, status),
+                        Err(e) => self.reqs.fail(req, e.into()),
                     }
-                    // The sender waits for FIN whatever happened here.
+                    // The sender waits for FIN (we are done with its buffer) whatever happened here.
+                    self.send_control(peer, fin, Payload::None)?;
+                }
+                Deferred::WriteHalf { req, peer, key, recv_cookie } => {
+                    let fin = MsgHeader::control(MsgKind::Fin, 0, key.len, recv_cookie, 0);
+                    let src = self.reqs.get(req).and_then(|r| r.buf).and_then(|b| lend.get(b));
+                    let r = match src {
+                        Some(src) => {
+                            let n = src.len().min(key.len as usize);
+                            let half = (n / 2) & !63;
+                            key.slice(peer, half as u64, (n - half) as u64).and_then(|k| self.tp.write(peer, &src[half..n], &k)).map(drop)
+                        }
+                        None => Err(fmx_transport::TransportError::Malformed { peer, what: "CTS for a send that is no longer pending" }),
+                    };
+                    match r {
+                        Ok(()) => self.reqs.part_done(req, RawStatus { src: self.me, tag: 0, sent: key.len, capacity: key.len }),
+                        Err(e) => self.reqs.fail(req, e.into()),
+                    }
                     self.send_control(peer, fin, Payload::None)?;
                 }
             }
@@ -373,7 +325,6 @@ impl Engine {
             }
             idle += 1;
             if idle < SPIN_POLLS {
-                std::hint::spin_loop();
                 continue;
             }
             // Let a peer that shares our core run (oversubscription).
@@ -400,11 +351,7 @@ impl Engine {
             WaitsOn::Peer(p) => self.gone(p).map(|s| (p, s)),
             WaitsOn::AnyOf(ps) => {
                 let me = self.me;
-                let states: Vec<_> = ps
-                    .iter()
-                    .filter(|&&p| p != me)
-                    .map(|&p| (p, self.gone(p)))
-                    .collect();
+                let states: Vec<_> = ps.iter().filter(|&&p| p != me).map(|&p| (p, self.gone(p))).collect();
                 if !states.is_empty() && states.iter().all(|(_, s)| s.is_some()) {
                     states.into_iter().find_map(|(p, s)| s.map(|s| (p, s)))
                 } else {
@@ -421,15 +368,7 @@ impl Engine {
                     _ => "its process exited or was killed".to_owned(),
                 };
                 self.cancel(id);
-                self.reqs.fail(
-                    id,
-                    Error::PeerGone {
-                        rank: peer,
-                        world_rank: peer,
-                        during: what.to_owned(),
-                        reason,
-                    },
-                );
+                self.reqs.fail(id, Error::PeerGone { rank: peer, world_rank: peer, during: what.to_owned(), reason });
             }
         }
         Ok(())
@@ -468,28 +407,12 @@ impl Engine {
 }
 
 /// Completes receive `req` with eager `data` from `src`.
-fn deliver(
-    reqs: &mut Requests,
-    lend: &mut LendTable,
-    req: ReqId,
-    buf: Lent,
-    src: u32,
-    tag: u32,
-    data: &[u8],
-) {
+fn deliver(reqs: &mut Requests, lend: &mut LendTable, req: ReqId, buf: Lent, src: u32, tag: u32, data: &[u8]) {
     match lend.get_mut(buf) {
         Some(dst) => {
             let n = dst.len().min(data.len());
             dst[..n].copy_from_slice(&data[..n]);
-            reqs.complete(
-                req,
-                RawStatus {
-                    src,
-                    tag,
-                    sent: data.len() as u64,
-                    capacity: dst.len() as u64,
-                },
-            );
+            reqs.complete(req, RawStatus { src, tag, sent: data.len() as u64, capacity: dst.len() as u64 });
         }
         None => reqs.fail(req, Error::StaleRequest(req.index())),
     }
@@ -511,66 +434,41 @@ fn on_message(
     match h.kind {
         MsgKind::Eager => match matching.take_posted(peer, ctx, tag) {
             Some(p) => deliver(reqs, lend, p.req, p.buf, peer, tag, payload),
-            None => matching.arrive(Unexpected {
-                src: peer,
-                ctx,
-                tag,
-                len: h.len,
-                body: Body::Eager(payload.to_vec()),
-            }),
+            None => matching.arrive(Unexpected { src: peer, ctx, tag, len: h.len, body: Body::Eager(payload.to_vec()) }),
         },
         MsgKind::Rts => {
             let Some(key) = RemoteKey::decode(payload) else {
-                *poison = Some(
-                    fmx_transport::TransportError::Malformed {
-                        peer,
-                        what: "RTS without a remote key",
-                    }
-                    .into(),
-                );
+                *poison = Some(fmx_transport::TransportError::Malformed { peer, what: "RTS without a remote key" }.into());
                 return;
             };
             match matching.take_posted(peer, ctx, tag) {
-                Some(p) => deferred.push(Deferred::Read {
-                    req: p.req,
-                    peer,
-                    key,
-                    cookie: h.cookie,
-                    buf: p.buf,
-                    tag,
-                }),
-                None => matching.arrive(Unexpected {
-                    src: peer,
-                    ctx,
-                    tag,
-                    len: h.len,
-                    body: Body::Rts {
-                        key,
-                        cookie: h.cookie,
-                    },
-                }),
+                Some(p) => deferred.push(Deferred::Read { req: p.req, peer, key, cookie: h.cookie, buf: p.buf, tag }),
+                None => matching.arrive(Unexpected { src: peer, ctx, tag, len: h.len, body: Body::Rts { key, cookie: h.cookie } }),
             }
         }
         MsgKind::Fin => {
+            // The peer is done with its part of a rendezvous (read our buffer, or wrote its half of ours).
             let req = ReqId::from_cookie(h.cookie);
             if let Some(r) = reqs.get_mut(req) {
                 if let Some(key) = r.exposed.take() {
                     deferred.push(Deferred::Revoke(key));
                 }
-                if matches!(r.state, State::Pending) {
-                    reqs.complete(
-                        req,
-                        RawStatus {
-                            src: peer,
-                            tag: 0,
-                            sent: h.len,
-                            capacity: h.len,
-                        },
-                    );
-                }
+                reqs.part_done(req, RawStatus { src: peer, tag: 0, sent: h.len, capacity: h.len });
             }
         }
-        MsgKind::Cts | MsgKind::Credit => {}
+        MsgKind::Cts => {
+            let req = ReqId::from_cookie(h.cookie);
+            let Some(key) = RemoteKey::decode(payload) else {
+                *poison = Some(fmx_transport::TransportError::Malformed { peer, what: "CTS without a remote key" }.into());
+                return;
+            };
+            if let Some(r) = reqs.get_mut(req) {
+                // Two parts now: our write of the second half, and the receiver's FIN.
+                r.parts_left += 1;
+                deferred.push(Deferred::WriteHalf { req, peer, key, recv_cookie: h.match_bits });
+            }
+        }
+        MsgKind::Credit => {}
     }
 }
 

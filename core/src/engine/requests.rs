@@ -67,6 +67,13 @@ pub(crate) struct Req {
     pub(crate) exposed: Option<RemoteKey>,
     /// What the operation is, for error messages.
     pub(crate) what: &'static str,
+    /// Parts still to finish before the operation completes with `partial`
+    /// (a split rendezvous finishes when both sides' halves are copied).
+    pub(crate) parts_left: u8,
+    /// The status to report once `parts_left` reaches zero.
+    pub(crate) partial: Option<RawStatus>,
+    /// A rendezvous send's buffer (the sender copies half of it on CTS).
+    pub(crate) buf: Option<fmx_transport::lend::Lent>,
 }
 
 /// The slab of requests.
@@ -85,6 +92,9 @@ impl Requests {
             r.waits_on = waits_on;
             r.exposed = None;
             r.what = what;
+            r.parts_left = 1;
+            r.partial = None;
+            r.buf = None;
             ReqId::new(idx, r.generation)
         } else {
             self.slots.push(Req {
@@ -94,21 +104,20 @@ impl Requests {
                 waits_on,
                 exposed: None,
                 what,
+                parts_left: 1,
+                partial: None,
+                buf: None,
             });
             ReqId::new(self.slots.len() as u32 - 1, 0)
         }
     }
 
     pub(crate) fn get_mut(&mut self, id: ReqId) -> Option<&mut Req> {
-        self.slots
-            .get_mut(id.idx as usize)
-            .filter(|r| r.live && r.generation == id.generation)
+        self.slots.get_mut(id.idx as usize).filter(|r| r.live && r.generation == id.generation)
     }
 
     pub(crate) fn get(&self, id: ReqId) -> Option<&Req> {
-        self.slots
-            .get(id.idx as usize)
-            .filter(|r| r.live && r.generation == id.generation)
+        self.slots.get(id.idx as usize).filter(|r| r.live && r.generation == id.generation)
     }
 
     pub(crate) fn is_pending(&self, id: ReqId) -> bool {
@@ -119,6 +128,18 @@ impl Requests {
         if let Some(r) = self.get_mut(id) {
             if matches!(r.state, State::Pending) {
                 r.state = State::Done(st);
+            }
+        }
+    }
+
+    /// One part of a multi-part operation finished; completes it with its
+    /// `partial` status (or `fallback`) when it was the last.
+    pub(crate) fn part_done(&mut self, id: ReqId, fallback: RawStatus) {
+        if let Some(r) = self.get_mut(id) {
+            r.parts_left = r.parts_left.saturating_sub(1);
+            if r.parts_left == 0 {
+                let st = r.partial.unwrap_or(fallback);
+                self.complete(id, st);
             }
         }
     }

@@ -67,27 +67,14 @@ impl RemoteKey {
     pub fn decode(b: &[u8]) -> Option<Self> {
         let b = b.get(..Self::BYTES)?;
         let at = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().expect("8 bytes"));
-        Some(Self {
-            addr: at(0),
-            len: at(8),
-            key: at(16),
-        })
+        Some(Self { addr: at(0), len: at(8), key: at(16) })
     }
 
     /// The sub-range `[offset, offset+len)` of this key, checked against its bounds.
     pub fn slice(&self, peer: PeerId, offset: u64, len: u64) -> Result<Self, TransportError> {
         match offset.checked_add(len) {
-            Some(end) if end <= self.len => Ok(Self {
-                addr: self.addr + offset,
-                len,
-                key: self.key,
-            }),
-            _ => Err(TransportError::RemoteBounds {
-                peer,
-                offset,
-                len,
-                region: self.len,
-            }),
+            Some(end) if end <= self.len => Ok(Self { addr: self.addr + offset, len, key: self.key }),
+            _ => Err(TransportError::RemoteBounds { peer, offset, len, region: self.len }),
         }
     }
 }
@@ -109,12 +96,7 @@ pub trait Endpoint: Send {
     /// Sends `header` and `payload` into a slot the receiver owns, copying the
     /// payload once (or inline). Never overwrites a slot the receiver has not
     /// released: answers [`SendOutcome::Backpressure`] instead.
-    fn try_send(
-        &mut self,
-        peer: PeerId,
-        header: &MsgHeader,
-        payload: &[u8],
-    ) -> Result<SendOutcome, TransportError>;
+    fn try_send(&mut self, peer: PeerId, header: &MsgHeader, payload: &[u8]) -> Result<SendOutcome, TransportError>;
 
     /// Hands up to `max` received messages to `sink`, in arrival order per
     /// sender, each while it still sits in its slot, and releases each slot
@@ -135,20 +117,10 @@ pub trait Endpoint: Send {
     fn revoke(&mut self, key: &RemoteKey);
 
     /// Reads `local.len()` bytes of `peer`'s exposed `remote` region into `local`.
-    fn read(
-        &mut self,
-        peer: PeerId,
-        remote: &RemoteKey,
-        local: &mut [u8],
-    ) -> Result<OpStatus, TransportError>;
+    fn read(&mut self, peer: PeerId, remote: &RemoteKey, local: &mut [u8]) -> Result<OpStatus, TransportError>;
 
     /// Writes `local` into `peer`'s exposed `remote` region.
-    fn write(
-        &mut self,
-        peer: PeerId,
-        local: &[u8],
-        remote: &RemoteKey,
-    ) -> Result<OpStatus, TransportError>;
+    fn write(&mut self, peer: PeerId, local: &[u8], remote: &RemoteKey) -> Result<OpStatus, TransportError>;
 
     /// Reports one-sided operations that completed since the last call.
     fn poll_ops<F>(&mut self, done: F) -> Result<usize, TransportError>

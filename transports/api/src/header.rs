@@ -88,32 +88,12 @@ pub enum HeaderError {
 impl MsgHeader {
     /// An eager header for `payload_len` bytes of data.
     pub fn eager(match_bits: u64, payload_len: usize, cookie: u64) -> Self {
-        Self {
-            kind: MsgKind::Eager,
-            credits: 0,
-            payload_len: payload_len as u32,
-            match_bits,
-            len: payload_len as u64,
-            cookie,
-        }
+        Self { kind: MsgKind::Eager, credits: 0, payload_len: payload_len as u32, match_bits, len: payload_len as u64, cookie }
     }
 
     /// A control header (`Rts`, `Cts`, `Fin`, `Credit`) with a payload of `payload_len` bytes.
-    pub fn control(
-        kind: MsgKind,
-        match_bits: u64,
-        len: u64,
-        cookie: u64,
-        payload_len: usize,
-    ) -> Self {
-        Self {
-            kind,
-            credits: 0,
-            payload_len: payload_len as u32,
-            match_bits,
-            len,
-            cookie,
-        }
+    pub fn control(kind: MsgKind, match_bits: u64, len: u64, cookie: u64, payload_len: usize) -> Self {
+        Self { kind, credits: 0, payload_len: payload_len as u32, match_bits, len, cookie }
     }
 
     /// Writes the header into `out`.
@@ -148,10 +128,7 @@ impl MsgHeader {
             cookie: u64_at(24),
         };
         if h.kind == MsgKind::Eager && u64::from(h.payload_len) != h.len {
-            return Err(HeaderError::LengthMismatch {
-                payload_len: h.payload_len,
-                len: h.len,
-            });
+            return Err(HeaderError::LengthMismatch { payload_len: h.payload_len, len: h.len });
         }
         Ok(h)
     }
@@ -163,13 +140,7 @@ mod tests {
 
     #[test]
     fn roundtrip_every_kind() {
-        for kind in [
-            MsgKind::Eager,
-            MsgKind::Rts,
-            MsgKind::Cts,
-            MsgKind::Fin,
-            MsgKind::Credit,
-        ] {
+        for kind in [MsgKind::Eager, MsgKind::Rts, MsgKind::Cts, MsgKind::Fin, MsgKind::Credit] {
             let len = if kind == MsgKind::Eager { 77 } else { 1 << 40 };
             let h = MsgHeader {
                 kind,
@@ -197,9 +168,6 @@ mod tests {
         assert_eq!(MsgHeader::decode(&buf), Err(HeaderError::UnknownFlags(4)));
         buf[1] = 0;
         buf[16] = 9; // len 9 != payload_len 8
-        assert!(matches!(
-            MsgHeader::decode(&buf),
-            Err(HeaderError::LengthMismatch { .. })
-        ));
+        assert!(matches!(MsgHeader::decode(&buf), Err(HeaderError::LengthMismatch { .. })));
     }
 }

@@ -59,28 +59,16 @@ impl LendTable {
             s.writable = writable;
             s.live = true;
             s.epoch = epoch;
-            Lent {
-                idx,
-                generation: s.generation,
-            }
+            Lent { idx, generation: s.generation }
         } else {
             let idx = self.slots.len() as u32;
-            self.slots.push(Slot {
-                ptr,
-                len,
-                writable,
-                live: true,
-                generation: 0,
-                epoch,
-            });
+            self.slots.push(Slot { ptr, len, writable, live: true, generation: 0, epoch });
             Lent { idx, generation: 0 }
         }
     }
 
     fn slot(&self, l: Lent) -> Option<&Slot> {
-        self.slots
-            .get(l.idx as usize)
-            .filter(|s| s.live && s.generation == l.generation)
+        self.slots.get(l.idx as usize).filter(|s| s.live && s.generation == l.generation)
     }
 
     /// Length of a live lent buffer.
@@ -140,16 +128,12 @@ pub struct Lender<'scope, 'env: 'scope> {
 impl<'env> Lender<'_, 'env> {
     /// Lends `buf` for reading until the scope ends.
     pub fn lend(&self, buf: &'env [u8]) -> Lent {
-        self.table
-            .borrow_mut()
-            .insert(buf.as_ptr().cast_mut(), buf.len(), false, self.epoch)
+        self.table.borrow_mut().insert(buf.as_ptr().cast_mut(), buf.len(), false, self.epoch)
     }
 
     /// Lends `buf` for reading and writing until the scope ends.
     pub fn lend_mut(&self, buf: &'env mut [u8]) -> Lent {
-        self.table
-            .borrow_mut()
-            .insert(buf.as_mut_ptr(), buf.len(), true, self.epoch)
+        self.table.borrow_mut().insert(buf.as_mut_ptr(), buf.len(), true, self.epoch)
     }
 }
 
@@ -171,22 +155,14 @@ impl Drop for RetireOnExit<'_> {
 
 /// Runs `f` with a [`Lender`]; every buffer lent through it is retired when
 /// `f` returns or unwinds. Scopes nest.
-pub fn lend_scope<'env, R>(
-    table: &RefCell<LendTable>,
-    f: impl for<'scope> FnOnce(&'scope Lender<'scope, 'env>) -> R,
-) -> R {
+pub fn lend_scope<'env, R>(table: &RefCell<LendTable>, f: impl for<'scope> FnOnce(&'scope Lender<'scope, 'env>) -> R) -> R {
     let epoch = {
         let mut t = table.borrow_mut();
         t.epoch = t.epoch.wrapping_add(1);
         t.epoch
     };
     let _guard = RetireOnExit { table, epoch };
-    let lender = Lender {
-        table,
-        epoch,
-        _scope: PhantomData,
-        _env: PhantomData,
-    };
+    let lender = Lender { table, epoch, _scope: PhantomData, _env: PhantomData };
     f(&lender)
 }
 
@@ -204,10 +180,7 @@ mod tests {
             let lb = s.lend(&b);
             table.borrow_mut().get_mut(la).unwrap()[0] = 7;
             assert_eq!(table.borrow().get(lb).unwrap(), &[9, 9, 9, 9]);
-            assert!(
-                table.borrow_mut().get_mut(lb).is_none(),
-                "read-only lend is not writable"
-            );
+            assert!(table.borrow_mut().get_mut(lb).is_none(), "read-only lend is not writable");
             (la, lb)
         });
         assert!(table.borrow().get(la).is_none());

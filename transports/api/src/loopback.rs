@@ -6,9 +6,7 @@
 
 use std::collections::VecDeque;
 
-use crate::{
-    Endpoint, MsgHeader, OpStatus, PeerId, PeerState, RemoteKey, SendOutcome, TransportError,
-};
+use crate::{Endpoint, MsgHeader, OpStatus, PeerId, PeerState, RemoteKey, SendOutcome, TransportError};
 
 /// The endpoint of a one-process job.
 #[derive(Debug, Default)]
@@ -32,9 +30,7 @@ impl Loopback {
     }
 
     fn no_one_sided() -> TransportError {
-        TransportError::Unsupported(
-            "one-sided operations on the loopback endpoint (every message is eager)".into(),
-        )
+        TransportError::Unsupported("one-sided operations on the loopback endpoint (every message is eager)".into())
     }
 }
 
@@ -51,12 +47,7 @@ impl Endpoint for Loopback {
         usize::MAX
     }
 
-    fn try_send(
-        &mut self,
-        peer: PeerId,
-        header: &MsgHeader,
-        payload: &[u8],
-    ) -> Result<SendOutcome, TransportError> {
+    fn try_send(&mut self, peer: PeerId, header: &MsgHeader, payload: &[u8]) -> Result<SendOutcome, TransportError> {
         Self::check(peer)?;
         let mut h = *header;
         h.payload_len = payload.len() as u32;
@@ -89,21 +80,11 @@ impl Endpoint for Loopback {
 
     fn revoke(&mut self, _key: &RemoteKey) {}
 
-    fn read(
-        &mut self,
-        _peer: PeerId,
-        _remote: &RemoteKey,
-        _local: &mut [u8],
-    ) -> Result<OpStatus, TransportError> {
+    fn read(&mut self, _peer: PeerId, _remote: &RemoteKey, _local: &mut [u8]) -> Result<OpStatus, TransportError> {
         Err(Self::no_one_sided())
     }
 
-    fn write(
-        &mut self,
-        _peer: PeerId,
-        _local: &[u8],
-        _remote: &RemoteKey,
-    ) -> Result<OpStatus, TransportError> {
+    fn write(&mut self, _peer: PeerId, _local: &[u8], _remote: &RemoteKey) -> Result<OpStatus, TransportError> {
         Err(Self::no_one_sided())
     }
 
@@ -136,22 +117,11 @@ mod tests {
     fn self_messages_in_order() {
         let mut ep = Loopback::new();
         for i in 0..3u8 {
-            assert_eq!(
-                ep.try_send(0, &MsgHeader::eager(u64::from(i), 1, 0), &[i])
-                    .unwrap(),
-                SendOutcome::Sent
-            );
+            assert_eq!(ep.try_send(0, &MsgHeader::eager(u64::from(i), 1, 0), &[i]).unwrap(), SendOutcome::Sent);
         }
-        assert!(matches!(
-            ep.try_send(1, &MsgHeader::eager(0, 0, 0), &[]),
-            Err(TransportError::NoSuchPeer { peer: 1, size: 1 })
-        ));
+        assert!(matches!(ep.try_send(1, &MsgHeader::eager(0, 0, 0), &[]), Err(TransportError::NoSuchPeer { peer: 1, size: 1 })));
         let mut got = Vec::new();
-        assert_eq!(
-            ep.poll(8, |p, h, d| got.push((p, h.match_bits, d.to_vec())))
-                .unwrap(),
-            3
-        );
+        assert_eq!(ep.poll(8, |p, h, d| got.push((p, h.match_bits, d.to_vec()))).unwrap(), 3);
         assert_eq!(got, vec![(0, 0, vec![0]), (0, 1, vec![1]), (0, 2, vec![2])]);
     }
 }

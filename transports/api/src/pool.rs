@@ -85,13 +85,7 @@ impl<H: RegistrationHook> Pool<H> {
     pub fn new(mut cfg: PoolConfig, hook: H) -> Self {
         cfg.buf_size = cfg.buf_size.max(1).next_multiple_of(LINE);
         cfg.bufs_per_chunk = cfg.bufs_per_chunk.max(1);
-        Self {
-            cfg,
-            hook,
-            chunks: Vec::new(),
-            free: Vec::new(),
-            leased: 0,
-        }
+        Self { cfg, hook, chunks: Vec::new(), free: Vec::new(), leased: 0 }
     }
 
     fn grow(&mut self) -> Result<bool, TransportError> {
@@ -102,16 +96,8 @@ impl<H: RegistrationHook> Pool<H> {
         let (mut map, huge) = map_chunk(bytes, self.cfg.huge_pages)?;
         let handle = self.hook.register(&mut map[..])?;
         let chunk = self.chunks.len() as u32;
-        self.chunks.push(Chunk {
-            map,
-            handle: Some(handle),
-            huge,
-        });
-        self.free.extend(
-            (0..self.cfg.bufs_per_chunk as u32)
-                .rev()
-                .map(|slot| Lease { chunk, slot }),
-        );
+        self.chunks.push(Chunk { map, handle: Some(handle), huge });
+        self.free.extend((0..self.cfg.bufs_per_chunk as u32).rev().map(|slot| Lease { chunk, slot }));
         Ok(true)
     }
 
@@ -152,10 +138,7 @@ impl<H: RegistrationHook> Pool<H> {
 
     /// The registration of the chunk that holds `l` (its keys).
     pub fn handle(&self, l: &Lease) -> &H::Handle {
-        self.chunks[l.chunk as usize]
-            .handle
-            .as_ref()
-            .expect("registered while the pool lives")
+        self.chunks[l.chunk as usize].handle.as_ref().expect("registered while the pool lives")
     }
 
     /// Buffers currently leased.
@@ -187,28 +170,19 @@ impl<H: RegistrationHook> Drop for Pool<H> {
 /// Maps `bytes` of anonymous memory; with [`HugePages::Try`], explicit huge pages
 /// when the reserved pool has them, else normal pages advised for THP.
 fn map_chunk(bytes: usize, huge: HugePages) -> Result<(MmapMut, bool), TransportError> {
-    let setup = |what: &str, source| TransportError::Setup {
-        what: format!("mapping a {bytes}-byte pool chunk ({what})"),
-        source,
-    };
+    let setup = |what: &str, source| TransportError::Setup { what: format!("mapping a {bytes}-byte pool chunk ({what})"), source };
     if huge == HugePages::Try {
         let len = bytes.next_multiple_of(HUGE_PAGE);
         #[cfg(target_os = "linux")]
         if let Ok(map) = MmapOptions::new().len(len).huge(Some(21)).map_anon() {
             return Ok((map, true));
         }
-        let map = MmapOptions::new()
-            .len(len)
-            .map_anon()
-            .map_err(|e| setup("normal pages", e))?;
+        let map = MmapOptions::new().len(len).map_anon().map_err(|e| setup("normal pages", e))?;
         #[cfg(target_os = "linux")]
         let _ = map.advise(memmap2::Advice::HugePage); // a hint; failure changes nothing
         return Ok((map, false));
     }
-    let map = MmapOptions::new()
-        .len(bytes)
-        .map_anon()
-        .map_err(|e| setup("normal pages", e))?;
+    let map = MmapOptions::new().len(bytes).map_anon().map_err(|e| setup("normal pages", e))?;
     Ok((map, false))
 }
 
@@ -233,24 +207,13 @@ mod tests {
     }
 
     fn cfg(huge: HugePages) -> PoolConfig {
-        PoolConfig {
-            buf_size: 100,
-            bufs_per_chunk: 4,
-            max_chunks: 2,
-            huge_pages: huge,
-        }
+        PoolConfig { buf_size: 100, bufs_per_chunk: 4, max_chunks: 2, huge_pages: huge }
     }
 
     #[test]
     fn leases_are_distinct_bounded_and_reused() {
         let gone = std::rc::Rc::new(std::cell::Cell::new(0));
-        let mut p = Pool::new(
-            cfg(HugePages::Never),
-            CountingHook {
-                registered: 0,
-                deregistered: gone.clone(),
-            },
-        );
+        let mut p = Pool::new(cfg(HugePages::Never), CountingHook { registered: 0, deregistered: gone.clone() });
         let mut leases = Vec::new();
         while let Some(l) = p.lease().unwrap() {
             let tag = leases.len() as u8;
@@ -260,16 +223,9 @@ mod tests {
         assert_eq!(leases.len(), 8, "2 chunks of 4");
         assert_eq!(p.buf(&leases[0]).len(), 128, "rounded to cache lines");
         for (i, l) in leases.iter().enumerate() {
-            assert!(
-                p.buf(l).iter().all(|&b| b == i as u8),
-                "buffer {i} was overwritten"
-            );
+            assert!(p.buf(l).iter().all(|&b| b == i as u8), "buffer {i} was overwritten");
         }
-        assert_eq!(
-            *p.handle(&leases[5]),
-            2,
-            "second chunk, second registration"
-        );
+        assert_eq!(*p.handle(&leases[5]), 2, "second chunk, second registration");
         let l = leases.pop().unwrap();
         p.release(l);
         assert_eq!(p.leased(), 7);

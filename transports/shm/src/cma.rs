@@ -19,14 +19,7 @@ pub enum Direction {
 /// The kernel checks both ranges: a bad remote address is `EFAULT`, a process
 /// we may not access `EPERM`, a gone process `ESRCH`. Nothing here can touch
 /// our memory outside `local..local+len`, which the caller owns.
-pub fn transfer(
-    dir: Direction,
-    peer: PeerId,
-    pid: u32,
-    local: *mut u8,
-    remote: u64,
-    len: usize,
-) -> Result<(), TransportError> {
+pub fn transfer(dir: Direction, peer: PeerId, pid: u32, local: *mut u8, remote: u64, len: usize) -> Result<(), TransportError> {
     let mut done = 0usize;
     while done < len {
         let liov = libc::iovec {
@@ -34,10 +27,7 @@ pub fn transfer(
             iov_base: unsafe { local.add(done) }.cast(),
             iov_len: len - done,
         };
-        let riov = libc::iovec {
-            iov_base: (remote as usize + done) as *mut libc::c_void,
-            iov_len: len - done,
-        };
+        let riov = libc::iovec { iov_base: (remote as usize + done) as *mut libc::c_void, iov_len: len - done };
         // SAFETY: both iovec arrays have one valid element each and live across the
         // call. The local iovec covers memory the caller owns and may write (Read) or
         // read (Write); the remote one is checked by the kernel against the other
@@ -45,22 +35,8 @@ pub fn transfer(
         // touching anything of ours.
         let n = unsafe {
             match dir {
-                Direction::Read => libc::process_vm_readv(
-                    pid as libc::pid_t,
-                    &raw const liov,
-                    1,
-                    &raw const riov,
-                    1,
-                    0,
-                ),
-                Direction::Write => libc::process_vm_writev(
-                    pid as libc::pid_t,
-                    &raw const liov,
-                    1,
-                    &raw const riov,
-                    1,
-                    0,
-                ),
+                Direction::Read => libc::process_vm_readv(pid as libc::pid_t, &raw const liov, 1, &raw const riov, 1, 0),
+                Direction::Write => libc::process_vm_writev(pid as libc::pid_t, &raw const liov, 1, &raw const riov, 1, 0),
             }
         };
         if n < 0 {
@@ -69,10 +45,9 @@ pub fn transfer(
                 continue;
             }
             return Err(match source.raw_os_error() {
-                Some(libc::ESRCH) => TransportError::PeerGone {
-                    peer,
-                    reason: format!("process {pid} no longer exists (single-copy transfer)"),
-                },
+                Some(libc::ESRCH) => {
+                    TransportError::PeerGone { peer, reason: format!("process {pid} no longer exists (single-copy transfer)") }
+                }
                 Some(libc::EPERM | libc::ENOSYS) => TransportError::Unsupported(format!(
                     "single-copy transfer to peer {peer} (pid {pid}) refused: {source}; the kernel forbids \
                      cross-memory attach here (yama ptrace_scope, seccomp); lower FMX_SHM_EAGER_LIMIT cannot help \

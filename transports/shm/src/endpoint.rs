@@ -3,9 +3,7 @@
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 
-use fmx_transport::{
-    Endpoint, MsgHeader, OpStatus, PeerId, PeerState, RemoteKey, SendOutcome, TransportError,
-};
+use fmx_transport::{Endpoint, MsgHeader, OpStatus, PeerId, PeerState, RemoteKey, SendOutcome, TransportError};
 
 use crate::cma::{self, Direction};
 use crate::layout::{state, Layout};
@@ -42,15 +40,10 @@ impl ShmConfig {
         let num = |var: &str, default: usize| -> Result<usize, TransportError> {
             match std::env::var(var) {
                 Err(_) => Ok(default),
-                Ok(v) => v
-                    .trim()
-                    .parse::<usize>()
-                    .ok()
-                    .filter(|&n| n > 0)
-                    .ok_or_else(|| TransportError::Setup {
-                        what: format!("{var}={v:?} is not a positive integer"),
-                        source: std::io::Error::from(std::io::ErrorKind::InvalidInput),
-                    }),
+                Ok(v) => v.trim().parse::<usize>().ok().filter(|&n| n > 0).ok_or_else(|| TransportError::Setup {
+                    what: format!("{var}={v:?} is not a positive integer"),
+                    source: std::io::Error::from(std::io::ErrorKind::InvalidInput),
+                }),
             }
         };
         Ok(Self {
@@ -94,11 +87,7 @@ impl ShmSetup {
         let Self { cfg, own } = self;
         if addresses.len() != cfg.size as usize {
             return Err(TransportError::Setup {
-                what: format!(
-                    "shm connect got {} addresses for a job of {}",
-                    addresses.len(),
-                    cfg.size
-                ),
+                what: format!("shm connect got {} addresses for a job of {}", addresses.len(), cfg.size),
                 source: std::io::Error::from(std::io::ErrorKind::InvalidInput),
             });
         }
@@ -110,10 +99,7 @@ impl ShmSetup {
             let pid = addr
                 .get(..4)
                 .map(|b| u32::from_le_bytes(b.try_into().expect("4 bytes")))
-                .ok_or(TransportError::Malformed {
-                    peer: r,
-                    what: "shm address shorter than 4 bytes",
-                })?;
+                .ok_or(TransportError::Malformed { peer: r, what: "shm address shorter than 4 bytes" })?;
             if r == cfg.rank {
                 peers.push(None);
             } else {
@@ -132,9 +118,7 @@ impl ShmSetup {
             rank: cfg.rank,
             size: cfg.size,
             max_eager: layout.max_payload(),
-            tx: (0..cfg.size)
-                .map(|_| TxRing::new(cfg.rank, layout.slots))
-                .collect(),
+            tx: (0..cfg.size).map(|_| TxRing::new(cfg.rank, layout.slots)).collect(),
             rx: (0..cfg.size).map(RxRing::new).collect(),
             watches: pids.iter().map(|&p| PeerWatch::new(p)).collect(),
             pids,
@@ -184,10 +168,7 @@ impl ShmEndpoint {
         if peer < self.size {
             Ok(())
         } else {
-            Err(TransportError::NoSuchPeer {
-                peer,
-                size: self.size,
-            })
+            Err(TransportError::NoSuchPeer { peer, size: self.size })
         }
     }
 }
@@ -213,18 +194,10 @@ impl Endpoint for ShmEndpoint {
     }
 
     #[inline]
-    fn try_send(
-        &mut self,
-        peer: PeerId,
-        header: &MsgHeader,
-        payload: &[u8],
-    ) -> Result<SendOutcome, TransportError> {
+    fn try_send(&mut self, peer: PeerId, header: &MsgHeader, payload: &[u8]) -> Result<SendOutcome, TransportError> {
         self.check_peer(peer)?;
         if payload.len() > self.max_eager {
-            return Err(TransportError::EagerTooLarge {
-                len: payload.len(),
-                max: self.max_eager,
-            });
+            return Err(TransportError::EagerTooLarge { len: payload.len(), max: self.max_eager });
         }
         let seg = match &self.peers[peer as usize] {
             Some(s) => s,
@@ -255,10 +228,7 @@ impl Endpoint for ShmEndpoint {
                     Ok(h) => sink(peer, &h, slot.payload),
                     Err(_) => {
                         ring.release(&self.own);
-                        return Err(TransportError::Malformed {
-                            peer,
-                            what: "undecodable header in a shared-memory slot",
-                        });
+                        return Err(TransportError::Malformed { peer, what: "undecodable header in a shared-memory slot" });
                     }
                 }
                 ring.release(&self.own);
@@ -270,11 +240,7 @@ impl Endpoint for ShmEndpoint {
     }
 
     fn expose(&mut self, buf: &[u8]) -> Result<RemoteKey, TransportError> {
-        Ok(RemoteKey {
-            addr: buf.as_ptr() as u64,
-            len: buf.len() as u64,
-            key: 0,
-        })
+        Ok(RemoteKey { addr: buf.as_ptr() as u64, len: buf.len() as u64, key: 0 })
     }
 
     fn expose_mut(&mut self, buf: &mut [u8]) -> Result<RemoteKey, TransportError> {
@@ -283,41 +249,17 @@ impl Endpoint for ShmEndpoint {
 
     fn revoke(&mut self, _key: &RemoteKey) {}
 
-    fn read(
-        &mut self,
-        peer: PeerId,
-        remote: &RemoteKey,
-        local: &mut [u8],
-    ) -> Result<OpStatus, TransportError> {
+    fn read(&mut self, peer: PeerId, remote: &RemoteKey, local: &mut [u8]) -> Result<OpStatus, TransportError> {
         self.check_peer(peer)?;
         let r = remote.slice(peer, 0, local.len() as u64)?;
-        cma::transfer(
-            Direction::Read,
-            peer,
-            self.pids[peer as usize],
-            local.as_mut_ptr(),
-            r.addr,
-            local.len(),
-        )?;
+        cma::transfer(Direction::Read, peer, self.pids[peer as usize], local.as_mut_ptr(), r.addr, local.len())?;
         Ok(OpStatus::Done)
     }
 
-    fn write(
-        &mut self,
-        peer: PeerId,
-        local: &[u8],
-        remote: &RemoteKey,
-    ) -> Result<OpStatus, TransportError> {
+    fn write(&mut self, peer: PeerId, local: &[u8], remote: &RemoteKey) -> Result<OpStatus, TransportError> {
         self.check_peer(peer)?;
         let r = remote.slice(peer, 0, local.len() as u64)?;
-        cma::transfer(
-            Direction::Write,
-            peer,
-            self.pids[peer as usize],
-            local.as_ptr().cast_mut(),
-            r.addr,
-            local.len(),
-        )?;
+        cma::transfer(Direction::Write, peer, self.pids[peer as usize], local.as_ptr().cast_mut(), r.addr, local.len())?;
         Ok(OpStatus::Done)
     }
 

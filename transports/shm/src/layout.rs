@@ -73,11 +73,7 @@ pub struct Layout {
 impl Layout {
     /// A layout; `slot_bytes` is rounded up to a multiple of 64 and to at least one line.
     pub fn new(size: u32, slots: u32, slot_bytes: usize) -> Self {
-        Self {
-            size,
-            slots: slots.max(1),
-            slot_bytes: slot_bytes.max(64).next_multiple_of(64),
-        }
+        Self { size, slots: slots.max(1), slot_bytes: slot_bytes.max(64).next_multiple_of(64) }
     }
 
     /// Largest eager payload.
@@ -97,9 +93,7 @@ impl Layout {
 
     /// Offset of slot `index % slots` of `sender`'s ring.
     pub fn slot_offset(&self, sender: u32, index: u64) -> usize {
-        self.ring_offset(sender)
-            + RING_HEAD_BYTES
-            + (index % u64::from(self.slots)) as usize * self.slot_bytes
+        self.ring_offset(sender) + RING_HEAD_BYTES + (index % u64::from(self.slots)) as usize * self.slot_bytes
     }
 
     /// Total bytes of the segment.
@@ -121,11 +115,7 @@ mod tests {
             spans.push((l.ring_offset(s), RING_HEAD_BYTES));
             for i in 0..3 {
                 spans.push((l.slot_offset(s, i), l.slot_bytes));
-                assert_eq!(
-                    l.slot_offset(s, i),
-                    l.slot_offset(s, i + 3),
-                    "index wraps onto the same slot"
-                );
+                assert_eq!(l.slot_offset(s, i), l.slot_offset(s, i + 3), "index wraps onto the same slot");
             }
         }
         spans.sort_unstable();
@@ -134,10 +124,7 @@ mod tests {
         }
         let last = spans.last().unwrap();
         assert_eq!(last.0 + last.1, l.segment_bytes());
-        assert!(
-            spans.iter().all(|(o, _)| o % 64 == 0),
-            "every piece cache-line aligned"
-        );
+        assert!(spans.iter().all(|(o, _)| o % 64 == 0), "every piece cache-line aligned");
         assert_eq!(l.max_payload(), 128 - 40);
     }
 }

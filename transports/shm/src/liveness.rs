@@ -28,11 +28,7 @@ impl PeerWatch {
         match &self.pidfd {
             Some(fd) => {
                 use std::os::fd::AsRawFd;
-                let mut p = libc::pollfd {
-                    fd: fd.as_raw_fd(),
-                    events: libc::POLLIN,
-                    revents: 0,
-                };
+                let mut p = libc::pollfd { fd: fd.as_raw_fd(), events: libc::POLLIN, revents: 0 };
                 // SAFETY: one valid pollfd, zero timeout.
                 let n = unsafe { libc::poll(&raw mut p, 1, 0) };
                 n > 0 && p.revents & libc::POLLIN != 0
@@ -52,10 +48,7 @@ mod tests {
 
     #[test]
     fn notices_an_exited_child() {
-        let mut child = std::process::Command::new("sleep")
-            .arg("0.2")
-            .spawn()
-            .unwrap();
+        let mut child = std::process::Command::new("sleep").arg("0.2").spawn().unwrap();
         let w = PeerWatch::new(child.id());
         assert!(!w.exited());
         // not reaped yet: a zombie still counts as exited

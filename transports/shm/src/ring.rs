@@ -24,11 +24,7 @@ pub struct TxRing {
 impl TxRing {
     /// The ring `sender` writes into (in the receiver's segment).
     pub fn new(sender: u32, slots: u32) -> Self {
-        Self {
-            sender,
-            sent: 0,
-            limit: u64::from(slots),
-        }
+        Self { sender, sent: 0, limit: u64::from(slots) }
     }
 
     /// Messages sent so far.
@@ -43,9 +39,7 @@ impl TxRing {
         let layout = rx.layout();
         debug_assert!(payload.len() <= layout.max_payload());
         if self.sent >= self.limit {
-            let released = rx
-                .u64_at(layout.ring_offset(self.sender))
-                .load(Ordering::Acquire);
+            let released = rx.u64_at(layout.ring_offset(self.sender)).load(Ordering::Acquire);
             self.limit = released + u64::from(layout.slots);
             if self.sent >= self.limit {
                 return false;
@@ -62,11 +56,7 @@ impl TxRing {
         unsafe {
             let slot = rx.base().add(off);
             std::ptr::copy_nonoverlapping(h.as_ptr(), slot.add(SEQ_BYTES), HEADER_BYTES);
-            std::ptr::copy_nonoverlapping(
-                payload.as_ptr(),
-                slot.add(PAYLOAD_OFFSET),
-                payload.len(),
-            );
+            std::ptr::copy_nonoverlapping(payload.as_ptr(), slot.add(PAYLOAD_OFFSET), payload.len());
         }
         self.sent += 1;
         rx.u64_at(off).store(self.sent, Ordering::Release);
@@ -113,16 +103,14 @@ impl RxRing {
         // this slot again until we publish its release (`release` below), and the
         // returned borrow ends before that (it borrows `self` immutably, `release`
         // takes `&mut self`). Bounds: header lies in the slot by layout.
-        let header_bytes =
-            unsafe { std::slice::from_raw_parts(own.base().add(off + SEQ_BYTES), HEADER_BYTES) };
+        let header_bytes = unsafe { std::slice::from_raw_parts(own.base().add(off + SEQ_BYTES), HEADER_BYTES) };
         let header = MsgHeader::decode(header_bytes);
         let len = match &header {
             Ok(h) => (h.payload_len as usize).min(layout.max_payload()),
             Err(_) => 0,
         };
         // SAFETY: as above; `len` is clamped to the slot's payload capacity.
-        let payload =
-            unsafe { std::slice::from_raw_parts(own.base().add(off + PAYLOAD_OFFSET), len) };
+        let payload = unsafe { std::slice::from_raw_parts(own.base().add(off + PAYLOAD_OFFSET), len) };
         Some(Slot { header, payload })
     }
 
@@ -130,7 +118,6 @@ impl RxRing {
     #[inline]
     pub fn release(&mut self, own: &Segment) {
         self.next += 1;
-        own.u64_at(own.layout().ring_offset(self.sender))
-            .store(self.next, Ordering::Release);
+        own.u64_at(own.layout().ring_offset(self.sender)).store(self.next, Ordering::Release);
     }
 }

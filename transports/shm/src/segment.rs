@@ -30,12 +30,7 @@ pub fn segment_path(dir: &Path, job: &str, rank: u32) -> PathBuf {
 
 /// Checks that a job id is safe inside a file name.
 pub fn validate_job_id(job: &str) -> Result<(), TransportError> {
-    if !job.is_empty()
-        && job.len() <= 64
-        && job
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'.')
-    {
+    if !job.is_empty() && job.len() <= 64 && job.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'.') {
         Ok(())
     } else {
         Err(TransportError::Setup {
@@ -79,22 +74,17 @@ impl Segment {
             .create_new(true)
             .mode(0o600)
             .open(&path)
-            .map_err(setup_err(format!(
-                "creating shm segment {}",
-                path.display()
-            )))?;
-        file.set_len(layout.segment_bytes() as u64)
-            .map_err(setup_err(format!(
-                "sizing shm segment {} to {} bytes",
-                path.display(),
-                layout.segment_bytes()
-            )))?;
+            .map_err(setup_err(format!("creating shm segment {}", path.display())))?;
+        file.set_len(layout.segment_bytes() as u64).map_err(setup_err(format!(
+            "sizing shm segment {} to {} bytes",
+            path.display(),
+            layout.segment_bytes()
+        )))?;
         // SAFETY: the file was just created by us with O_EXCL and mode 0600; other
         // processes of the job map it too, which is the point: every shared word is
         // accessed atomically or under the slot protocol (see `ring`), never through
         // Rust references to the same bytes from two sides.
-        let map = unsafe { MmapMut::map_mut(&file) }
-            .map_err(setup_err(format!("mapping shm segment {}", path.display())))?;
+        let map = unsafe { MmapMut::map_mut(&file) }.map_err(setup_err(format!("mapping shm segment {}", path.display())))?;
         let seg = Self { map, layout, path };
         seg.put_u64(ctl::MAGIC, MAGIC);
         seg.put_u32(ctl::VERSION, VERSION);
@@ -103,8 +93,7 @@ impl Segment {
         seg.put_u32(ctl::SLOTS, layout.slots);
         seg.put_u64(ctl::SLOT_BYTES, layout.slot_bytes as u64);
         seg.put_u32(ctl::PID, std::process::id());
-        seg.u32_at(ctl::STATE)
-            .store(state::RUNNING, std::sync::atomic::Ordering::Release);
+        seg.u32_at(ctl::STATE).store(state::RUNNING, std::sync::atomic::Ordering::Release);
         Ok(seg)
     }
 
@@ -114,28 +103,17 @@ impl Segment {
             .read(true)
             .write(true)
             .open(&path)
-            .map_err(setup_err(format!(
-                "opening rank {rank}'s shm segment {}",
-                path.display()
-            )))?;
-        let len = file
-            .metadata()
-            .map_err(setup_err(format!("stat of {}", path.display())))?
-            .len();
+            .map_err(setup_err(format!("opening rank {rank}'s shm segment {}", path.display())))?;
+        let len = file.metadata().map_err(setup_err(format!("stat of {}", path.display())))?.len();
         if len != layout.segment_bytes() as u64 {
             return Err(TransportError::Setup {
-                what: format!(
-                    "rank {rank}'s shm segment {} has {len} bytes, expected {}",
-                    path.display(),
-                    layout.segment_bytes()
-                ),
+                what: format!("rank {rank}'s shm segment {} has {len} bytes, expected {}", path.display(), layout.segment_bytes()),
                 source: std::io::Error::from(std::io::ErrorKind::InvalidData),
             });
         }
         // SAFETY: as in `create`: a segment of this job, shared on purpose and accessed
         // only atomically or under the slot protocol.
-        let map = unsafe { MmapMut::map_mut(&file) }
-            .map_err(setup_err(format!("mapping {}", path.display())))?;
+        let map = unsafe { MmapMut::map_mut(&file) }.map_err(setup_err(format!("mapping {}", path.display())))?;
         let seg = Self { map, layout, path };
         let ok = seg.get_u64(ctl::MAGIC) == MAGIC
             && seg.get_u32(ctl::VERSION) == VERSION
@@ -173,10 +151,7 @@ impl Segment {
     }
 
     fn check(&self, off: usize, bytes: usize) {
-        assert!(
-            off % bytes == 0 && off + bytes <= self.map.len(),
-            "segment offset {off} misaligned or out of bounds"
-        );
+        assert!(off % bytes == 0 && off + bytes <= self.map.len(), "segment offset {off} misaligned or out of bounds");
     }
 
     /// The shared 64-bit word at `off`.
@@ -196,12 +171,10 @@ impl Segment {
     }
 
     fn put_u64(&self, off: usize, v: u64) {
-        self.u64_at(off)
-            .store(v, std::sync::atomic::Ordering::Relaxed);
+        self.u64_at(off).store(v, std::sync::atomic::Ordering::Relaxed);
     }
     fn put_u32(&self, off: usize, v: u32) {
-        self.u32_at(off)
-            .store(v, std::sync::atomic::Ordering::Relaxed);
+        self.u32_at(off).store(v, std::sync::atomic::Ordering::Relaxed);
     }
     fn get_u64(&self, off: usize) -> u64 {
         self.u64_at(off).load(std::sync::atomic::Ordering::Acquire)

@@ -1,0 +1,68 @@
+/* OSU-methodology ping-pong, bandwidth and bi-directional bandwidth over MPI,
+ * the peer that fmx-perf compares itself with (same sizes, iterations, window,
+ * output format). Build: mpicc.mpich -O2 osu_peer.c -o osu_peer_mpich
+ * Run: mpiexec.hydra -n 2 -bind-to core ./osu_peer_mpich latency|bw|bibw [max_size] */
+#include <mpi.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define LARGE 8192
+#define WINDOW 64
+
+static void loops(int test, size_t size, int *iters, int *skip) {
+    int large = size > LARGE;
+    if (test == 0) { *iters = large ? 1000 : 10000; *skip = large ? 100 : 1000; }
+    else { *iters = large ? 20 : 100; *skip = large ? 2 : 10; }
+}
+
+int main(int argc, char **argv) {
+    MPI_Init(&argc, &argv);
+    int rank, size;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    const char *t = argc > 1 ? argv[1] : "latency";
+    int test = strcmp(t, "bw") == 0 ? 1 : strcmp(t, "bibw") == 0 ? 2 : 0;
+    size_t max = argc > 2 ? strtoull(argv[2], NULL, 10) : (4u << 20);
+    char *s = aligned_alloc(4096, max + 4096), *r = aligned_alloc(4096, max + 4096);
+    memset(s, 'a', max); memset(r, 'b', max);
+    MPI_Request req[2 * WINDOW];
+    if (rank == 0) printf("# OSU-methodology %s (MPI peer)\n# Size %22s\n", t, test == 0 ? "Latency (us)" : "Bandwidth (MB/s)");
+    for (size_t sz = 1; sz <= max; sz *= 2) {
+        int iters, skip; loops(test, sz, &iters, &skip);
+        MPI_Barrier(MPI_COMM_WORLD);
+        double t0 = 0;
+        for (int i = 0; i < iters + skip; i++) {
+            if (i == skip) t0 = MPI_Wtime();
+            if (test == 0) {
+                if (rank == 0) { MPI_Send(s, sz, MPI_CHAR, 1, 1, MPI_COMM_WORLD); MPI_Recv(r, sz, MPI_CHAR, 1, 1, MPI_COMM_WORLD, MPI_STATUS_IGNORE); }
+                else if (rank == 1) { MPI_Recv(r, sz, MPI_CHAR, 0, 1, MPI_COMM_WORLD, MPI_STATUS_IGNORE); MPI_Send(s, sz, MPI_CHAR, 0, 1, MPI_COMM_WORLD); }
+            } else if (test == 1) {
+                char ack[4];
+                if (rank == 0) {
+                    for (int w = 0; w < WINDOW; w++) MPI_Isend(s, sz, MPI_CHAR, 1, 1, MPI_COMM_WORLD, &req[w]);
+                    MPI_Waitall(WINDOW, req, MPI_STATUSES_IGNORE);
+                    MPI_Recv(ack, 4, MPI_CHAR, 1, 2, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+                } else if (rank == 1) {
+                    for (int w = 0; w < WINDOW; w++) MPI_Irecv(r, sz, MPI_CHAR, 0, 1, MPI_COMM_WORLD, &req[w]);
+                    MPI_Waitall(WINDOW, req, MPI_STATUSES_IGNORE);
+                    MPI_Send(ack, 4, MPI_CHAR, 0, 2, MPI_COMM_WORLD);
+                }
+            } else if (rank < 2) {
+                int peer = 1 - rank;
+                for (int w = 0; w < WINDOW; w++) MPI_Irecv(r, sz, MPI_CHAR, peer, 1, MPI_COMM_WORLD, &req[w]);
+                for (int w = 0; w < WINDOW; w++) MPI_Isend(s, sz, MPI_CHAR, peer, 1, MPI_COMM_WORLD, &req[WINDOW + w]);
+                MPI_Waitall(2 * WINDOW, req, MPI_STATUSES_IGNORE);
+            }
+        }
+        double el = MPI_Wtime() - t0;
+        if (rank == 0) {
+            double v = test == 0 ? el * 1e6 / (2.0 * iters) : (double)sz * iters * WINDOW * (test == 2 ? 2 : 1) / el / 1e6;
+            printf("%-10zu%18.2f\n", sz, v);
+            fflush(stdout);
+        }
+    }
+    free(s); free(r);
+    MPI_Finalize();
+    return 0;
+}

@@ -1,0 +1,120 @@
+//! `fmx-perf latency|bw|bibw [options]` and `fmx-perf compare [options]`.
+//!
+//! Started alone, it launches its own two ranks on this host, pinned to
+//! different cores; under fmxrun it uses the given world (ranks 0 and 1).
+
+use std::process::ExitCode;
+
+use fmx_bench::params::{Params, Test};
+use fmx_bench::{compare, osu, report};
+
+const USAGE: &str = "usage:
+  fmx-perf latency|bw|bibw [--min-size B] [--max-size B] [--iters N] [--warmup N] [--window N] [--json] [--transport NAME]
+  fmx-perf compare [--sizes 8,1048576,4194304] [--update-readme FILE] [--no-peers]";
+
+fn size_arg(v: Option<String>, what: &str) -> Result<usize, String> {
+    let v = v.ok_or_else(|| format!("{what} needs a value"))?;
+    let (num, mul) = match v.as_bytes().last() {
+        Some(b'K' | b'k') => (&v[..v.len() - 1], 1 << 10),
+        Some(b'M' | b'm') => (&v[..v.len() - 1], 1 << 20),
+        _ => (&v[..], 1),
+    };
+    num.parse::<usize>().map(|n| n * mul).map_err(|_| format!("{what}: {v:?} is not a size"))
+}
+
+fn parse(args: &[String]) -> Result<(Params, Option<String>), String> {
+    let test = args.first().and_then(|t| Test::parse(t)).ok_or_else(|| USAGE.to_owned())?;
+    let mut p = Params::new(test);
+    let mut transport = None;
+    let mut it = args[1..].iter().cloned();
+    while let Some(a) = it.next() {
+        match a.as_str() {
+            "--min-size" | "-m" => p.min_size = size_arg(it.next(), "--min-size")?,
+            "--max-size" | "-M" => p.max_size = size_arg(it.next(), "--max-size")?,
+            "--iters" | "-i" => p.iters = Some(size_arg(it.next(), "--iters")?),
+            "--warmup" | "-x" => p.warmup = Some(size_arg(it.next(), "--warmup")?),
+            "--window" | "-W" => p.window = size_arg(it.next(), "--window")?.max(1),
+            "--json" => p.json = true,
+            "--transport" => transport = Some(it.next().ok_or("--transport needs a name")?),
+            other => return Err(format!("unknown option {other}\n{USAGE}")),
+        }
+    }
+    if p.min_size > p.max_size {
+        return Err(format!("--min-size {} is above --max-size {}", p.min_size, p.max_size));
+    }
+    Ok((p, transport))
+}
+
+fn pin(rank: u32) {
+    if let Some(cores) = core_affinity::get_core_ids() {
+        if !cores.is_empty() {
+            core_affinity::set_for_current(cores[rank as usize % cores.len()]);
+        }
+    }
+}
+
+fn run_rank(p: &Params) -> Result<(), String> {
+    let fmx = fmx::init().map_err(|e| e.to_string())?;
+    let world = fmx.world();
+    if world.size() < 2 {
+        return Err("fmx-perf needs at least 2 ranks".into());
+    }
+    pin(world.rank());
+    let rows = osu::run(world, p).map_err(|e| e.to_string())?;
+    if world.rank() == 0 {
+        let tp = world.transport_name();
+        if p.json {
+            print!("{}", report::json(p.test, tp, &rows));
+        } else {
+            print!("{}", report::osu_header(p.test, tp));
+            for r in &rows {
+                print!("{}", report::osu_line(r));
+            }
+        }
+    }
+    fmx.finalize().map_err(|e| e.to_string())
+}
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.first().map(String::as_str) == Some("compare") {
+        return match compare::main(&args[1..]) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("fmx-perf compare: {e}");
+                ExitCode::FAILURE
+            }
+        };
+    }
+    let (p, transport) = match parse(&args) {
+        Ok(x) => x,
+        Err(e) => {
+            eprintln!("{e}");
+            return ExitCode::from(2);
+        }
+    };
+    let under_launcher = std::env::var_os("FMX_RANK").is_some();
+    let r = if under_launcher {
+        run_rank(&p)
+    } else {
+        // Started alone: launch our own two ranks.
+        std::env::current_exe().map_err(|e| e.to_string()).and_then(|exe| {
+            let mut l = fmx::launcher::Launch::new(2, exe);
+            l.args = args.iter().map(Into::into).collect();
+            l.transport = transport;
+            let o = l.run().map_err(|e| e.to_string())?;
+            if o.code == 0 {
+                Ok(())
+            } else {
+                Err(format!("the benchmark ranks failed (exit code {})", o.code))
+            }
+        })
+    };
+    match r {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("fmx-perf: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

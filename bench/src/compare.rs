@@ -1,0 +1,4 @@
+//! Placeholder replaced below.
+pub fn main(_args: &[String]) -> Result<(), String> {
+    Err("not yet".into())
+}

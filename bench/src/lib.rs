@@ -1,0 +1,9 @@
+//! The perf library behind `fmx-perf` (kept apart from the CLI, like UCX's
+//! libperf): parameters, the OSU-methodology measurement loops, results and
+//! their OSU-column / JSON rendering, and the side-by-side comparison with
+//! MPI peers.
+
+pub mod compare;
+pub mod osu;
+pub mod params;
+pub mod report;
