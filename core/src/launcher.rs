@@ -37,6 +37,8 @@ pub struct Launch {
     pub transport: Option<String>,
     /// Prefix every output line with `[rank] `.
     pub label: bool,
+    /// Collect the ranks' output lines into [`Outcome::lines`] instead of printing them.
+    pub capture: bool,
     /// How long the other ranks may run after one failed before they are killed.
     pub kill_grace: Duration,
     /// Kill the whole job after this long (exit code 124).
@@ -58,7 +60,11 @@ pub struct Outcome {
     pub job: String,
     /// Shared-memory files removed at the end (left by killed ranks).
     pub files_removed: usize,
+    /// With [`Launch::capture`]: every output line as (rank, from stderr, text).
+    pub lines: Vec<(u32, bool, String)>,
 }
+
+type Captured = std::sync::Arc<std::sync::Mutex<Vec<(u32, bool, String)>>>;
 
 enum Event {
     Exit(u32, ExitStatus),
@@ -74,6 +80,7 @@ impl Launch {
             args: Vec::new(),
             transport: None,
             label: false,
+            capture: false,
             kill_grace: Duration::from_secs(2),
             timeout: None,
             env: Vec::new(),
@@ -114,18 +121,17 @@ impl Launch {
         }
         let mut pids = Vec::new();
         let mut forwarders = Vec::new();
+        let captured: Option<Captured> = self.capture.then(Captured::default);
         let mut spawn_err = None;
         for rank in 0..self.np {
             match self.spawn(rank, &job, &addr.to_string()) {
                 Ok(mut child) => {
                     pids.push(Some(child.id()));
-                    if self.label {
-                        if let Some(out) = child.stdout.take() {
-                            forwarders.push(forward(out, rank, false));
-                        }
-                        if let Some(err) = child.stderr.take() {
-                            forwarders.push(forward(err, rank, true));
-                        }
+                    if let Some(out) = child.stdout.take() {
+                        forwarders.push(forward(out, rank, false, captured.clone()));
+                    }
+                    if let Some(err) = child.stderr.take() {
+                        forwarders.push(forward(err, rank, true, captured.clone()));
                     }
                     let tx = tx.clone();
                     std::thread::spawn(move || {
@@ -207,7 +213,8 @@ impl Launch {
         } else {
             first_failure.map_or(0, |(_, c)| c)
         };
-        Ok(Outcome { code, failed_rank: first_failure.map(|(r, _)| r), timed_out, job, files_removed })
+        let lines = captured.map(|c| std::mem::take(&mut *c.lock().unwrap_or_else(std::sync::PoisonError::into_inner))).unwrap_or_default();
+        Ok(Outcome { code, failed_rank: first_failure.map(|(r, _)| r), timed_out, job, files_removed, lines })
     }
 
     fn spawn(&self, rank: u32, job: &str, addr: &str) -> Result<Child> {
@@ -229,7 +236,7 @@ impl Launch {
         if rank != 0 {
             cmd.stdin(Stdio::null());
         }
-        if self.label {
+        if self.label || self.capture {
             cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
         }
         cmd.spawn().map_err(|e| Error::Launch(format!("starting rank {rank} ({}): {e}", self.program.to_string_lossy())))
@@ -254,7 +261,7 @@ fn new_job_id() -> String {
     format!("{}x{nanos}", std::process::id())
 }
 
-fn forward(stream: impl std::io::Read + Send + 'static, rank: u32, is_err: bool) -> std::thread::JoinHandle<()> {
+fn forward(stream: impl std::io::Read + Send + 'static, rank: u32, is_err: bool, capture: Option<Captured>) -> std::thread::JoinHandle<()> {
     std::thread::spawn(move || {
         let mut r = BufReader::new(stream);
         let mut line = Vec::new();
@@ -263,6 +270,11 @@ fn forward(stream: impl std::io::Read + Send + 'static, rank: u32, is_err: bool)
             match r.read_until(b'\n', &mut line) {
                 Ok(0) | Err(_) => break,
                 Ok(_) => {
+                    if let Some(c) = &capture {
+                        let text = String::from_utf8_lossy(&line).trim_end_matches('\n').to_owned();
+                        c.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push((rank, is_err, text));
+                        continue;
+                    }
                     let mut out = Vec::with_capacity(line.len() + 8);
                     out.extend_from_slice(format!("[{rank}] ").as_bytes());
                     out.extend_from_slice(&line);

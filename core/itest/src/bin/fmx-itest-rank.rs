@@ -1,0 +1,497 @@
+//! Rank program of the integration tests: `fmx-itest-rank SCENARIO`, run by
+//! the tests under the fmx launcher. Prints `OK SCENARIO` on success; on a
+//! failed check prints `FAIL ...` and exits 1.
+
+use fmx::{Comm, Error, Op, Source, Tag};
+use fmx_itest::{fill, first_mismatch};
+
+type R = Result<(), String>;
+
+macro_rules! check {
+    ($cond:expr, $($fmt:tt)*) => {
+        if !$cond {
+            return Err(format!("line {}: {}", line!(), format!($($fmt)*)));
+        }
+    };
+}
+
+fn e2s(e: Error) -> String {
+    e.to_string()
+}
+
+fn main() {
+    let scenario = std::env::args().nth(1).unwrap_or_default();
+    let fmx = match fmx::init() {
+        Ok(f) => f,
+        Err(e) => {
+            eprintln!("FAIL init: {e}");
+            std::process::exit(1);
+        }
+    };
+    let w = fmx.world();
+    let r = match scenario.as_str() {
+        "p2p-order" => p2p_order(w),
+        "zero" => zero(w),
+        "truncate" => truncate(w),
+        "sizes" => sizes(w),
+        "coll" => coll(w),
+        "early-exit" => early_exit(w),
+        "bad-input" => bad_input(w),
+        "dup-split" => dup_split(w),
+        "ring" => ring(w),
+        "finalize-use" => {
+            let c = w.dup().map_err(e2s);
+            let r = c.and_then(|c| {
+                fmx.finalize().map_err(e2s)?;
+                match c.send(&[1u8], 0, 0) {
+                    Err(Error::Finalized(_)) => {}
+                    other => return Err(format!("send after finalize gave {other:?}")),
+                }
+                match c.barrier() {
+                    Err(Error::Finalized(_)) => Ok(()),
+                    other => Err(format!("barrier after finalize gave {other:?}")),
+                }
+            });
+            report(&scenario, r);
+            return;
+        }
+        other => Err(format!("unknown scenario {other:?}")),
+    };
+    report(&scenario, r);
+    if let Err(e) = fmx.finalize() {
+        eprintln!("FAIL finalize: {e}");
+        std::process::exit(1);
+    }
+}
+
+fn report(scenario: &str, r: R) {
+    match r {
+        Ok(()) => println!("OK {scenario}"),
+        Err(e) => {
+            eprintln!("FAIL {scenario}: {e}");
+            std::process::exit(1);
+        }
+    }
+}
+
+/// Matching order, wildcards, pre-posted receives, probe and test.
+fn p2p_order(w: &Comm) -> R {
+    let (me, n) = (w.rank(), w.size());
+    if me != 0 {
+        for (seq, tag) in [(0u32, 5), (1, 6), (2, 5)] {
+            w.send(&[me, seq], 0, tag).map_err(e2s)?;
+        }
+    } else {
+        let mut m = [0u32; 2];
+        let st = w.recv(&mut m, 1, 5).map_err(e2s)?;
+        check!(m == [1, 0] && st.source == 1 && st.tag == 5 && st.count == 2, "first (1,5): {m:?} {st:?}");
+        let st = w.recv(&mut m, 1, Tag::Any).map_err(e2s)?;
+        check!(m == [1, 1] && st.tag == 6, "(1,any) must be the tag-6 message: {m:?} {st:?}");
+        w.recv(&mut m, 1, 5).map_err(e2s)?;
+        check!(m == [1, 2], "second (1,5): {m:?}");
+        let mut next = vec![0u32; n as usize];
+        for _ in 0..3 * (n - 2) {
+            let st = w.recv(&mut m, Source::Any, Tag::Any).map_err(e2s)?;
+            let src = st.source as usize;
+            check!(m[0] == st.source && m[1] == next[src], "from {src}: got {m:?}, expected seq {} (non-overtaking)", next[src]);
+            let want_tag = if m[1] == 1 { 6 } else { 5 };
+            check!(st.tag == want_tag, "tag {} for seq {}", st.tag, m[1]);
+            next[src] += 1;
+        }
+    }
+    // Pre-posted receives: the earliest matching posted receive wins.
+    w.barrier().map_err(e2s)?;
+    if me == 0 {
+        let (mut a, mut b) = ([0u8; 4], [0u8; 4]);
+        w.scope(|s| {
+            let ra = s.irecv(&mut a, Source::Any, 9)?;
+            let rb = s.irecv(&mut b, 1, 9)?;
+            s.comm().barrier()?;
+            let sa = s.wait(ra)?;
+            let sb = s.wait(rb)?;
+            if sa.source != 1 || sb.source != 1 {
+                return Err(Error::Bootstrap(format!("sources {sa:?} {sb:?}")));
+            }
+            Ok(())
+        })
+        .map_err(e2s)?;
+        check!(a == *b"aaaa" && b == *b"bbbb", "posted order: a={a:?} b={b:?}");
+    } else {
+        w.barrier().map_err(e2s)?;
+        if me == 1 {
+            w.send(b"aaaa", 0, 9).map_err(e2s)?;
+            w.send(b"bbbb", 0, 9).map_err(e2s)?;
+        }
+    }
+    // Probe, then receive; test until done.
+    if me == 1 {
+        w.send(&[7u8; 12], 0, 11).map_err(e2s)?;
+        w.send(&[8u8; 3], 0, 12).map_err(e2s)?;
+    } else if me == 0 {
+        let st = w.probe(1, 11).map_err(e2s)?;
+        check!(st.source == 1 && st.tag == 11 && st.bytes == 12, "probe: {st:?}");
+        let mut buf = vec![0u8; st.bytes as usize];
+        w.recv(&mut buf, 1, 11).map_err(e2s)?;
+        check!(buf == [7u8; 12], "after probe: {buf:?}");
+        let mut small = [0u8; 3];
+        let st = w
+            .scope(|s| {
+                let r = s.irecv(&mut small, 1, 12)?;
+                while !s.test(&r)? {}
+                s.wait(r)
+            })
+            .map_err(e2s)?;
+        check!(small == [8; 3] && st.count == 3, "test/wait: {small:?} {st:?}");
+        check!(w.iprobe(Source::Any, Tag::Any).map_err(e2s)?.is_none(), "nothing else pending");
+    }
+    Ok(())
+}
+
+fn zero(w: &Comm) -> R {
+    if w.rank() == 1 {
+        w.send::<u8>(&[], 0, 1).map_err(e2s)?;
+        w.send::<u64>(&[], 0, 2).map_err(e2s)?;
+    } else if w.rank() == 0 {
+        let st = w.recv::<u8>(&mut [], 1, 1).map_err(e2s)?;
+        check!(st.count == 0 && st.bytes == 0 && st.tag == 1, "{st:?}");
+        let mut big = [9u64; 4];
+        let st = w.recv(&mut big, Source::Any, Tag::Any).map_err(e2s)?;
+        check!(st.count == 0 && st.tag == 2 && big == [9; 4], "{st:?} {big:?}");
+    }
+    Ok(())
+}
+
+fn truncate(w: &Comm) -> R {
+    for (m, len, cap) in [(0u64, 100usize, 10usize), (1, 1 << 20, 512 << 10)] {
+        if w.rank() == 1 {
+            let mut b = vec![0u8; len];
+            fill(&mut b, 1, m);
+            w.send(&b, 0, 3).map_err(e2s)?;
+        } else if w.rank() == 0 {
+            let mut b = vec![0u8; cap];
+            match w.recv(&mut b, 1, 3) {
+                Err(Error::Truncated { source_rank: 1, tag: 3, sent, capacity }) if sent == len as u64 && capacity == cap as u64 => {}
+                other => return Err(format!("expected truncation of {len} into {cap}, got {other:?}")),
+            }
+        }
+        // Communication goes on normally afterwards.
+        let mut x = [0u32];
+        w.allreduce(&[1u32], &mut x, Op::Sum).map_err(e2s)?;
+        check!(x[0] == w.size(), "allreduce after truncation: {x:?}");
+    }
+    Ok(())
+}
+
+const SIZES: &[usize] =
+    &[0, 1, 2, 3, 7, 8, 63, 64, 65, 1000, 16343, 16344, 16345, 65536, 131071, 131072, 131073, (1 << 20) + 3, 4 << 20, 64 << 20];
+
+/// Ping-pong of every size with content checks, blocking and non-blocking.
+fn sizes(w: &Comm) -> R {
+    if w.rank() > 1 {
+        return Ok(());
+    }
+    let peer = 1 - w.rank();
+    for (k, &len) in SIZES.iter().enumerate() {
+        let m = k as u64;
+        let mut buf = vec![0u8; len];
+        if w.rank() == 0 {
+            fill(&mut buf, 0, m);
+            w.send(&buf, peer, k as i32).map_err(e2s)?;
+            buf.fill(0);
+            let st = w.recv(&mut buf, peer, k as i32).map_err(e2s)?;
+            check!(st.count == len, "echo of {len}: count {}", st.count);
+            check!(first_mismatch(&buf, 1, m).is_none(), "echo of {len} bytes differs at {:?}", first_mismatch(&buf, 1, m));
+        } else {
+            let st = w.recv(&mut buf, peer, k as i32).map_err(e2s)?;
+            check!(st.count == len, "{len}: count {}", st.count);
+            check!(first_mismatch(&buf, 0, m).is_none(), "{len} bytes differ at {:?}", first_mismatch(&buf, 0, m));
+            fill(&mut buf, 1, m);
+            w.send(&buf, peer, k as i32).map_err(e2s)?;
+        }
+    }
+    // Non-blocking, many in flight in both directions, mixed sizes.
+    let lens = [5usize, 20_000, 300_000, 0, 2 << 20, 17];
+    let outs: Vec<Vec<u8>> = lens
+        .iter()
+        .enumerate()
+        .map(|(i, &l)| {
+            let mut b = vec![0u8; l];
+            fill(&mut b, w.rank(), 100 + i as u64);
+            b
+        })
+        .collect();
+    let mut ins: Vec<Vec<u8>> = lens.iter().map(|&l| vec![0u8; l]).collect();
+    w.scope(|s| {
+        let mut reqs = Vec::new();
+        for (i, b) in ins.iter_mut().enumerate() {
+            reqs.push(s.irecv(b, peer, i as i32)?);
+        }
+        for (i, b) in outs.iter().enumerate().rev() {
+            reqs.push(s.isend(b, peer, i as i32)?);
+        }
+        s.wait_all(reqs).map(drop)
+    })
+    .map_err(e2s)?;
+    for (i, b) in ins.iter().enumerate() {
+        check!(first_mismatch(b, peer, 100 + i as u64).is_none(), "non-blocking message {i} ({} bytes) differs", b.len());
+    }
+    Ok(())
+}
+
+fn val(rank: u32, i: usize) -> i64 {
+    (i64::from(rank) + 1) * 1000 + (i as i64 % 997) - 400
+}
+
+/// Every collective against a sequential reference, several sizes and roots.
+fn coll(w: &Comm) -> R {
+    let (me, n) = (w.rank(), w.size());
+    let nn = n as usize;
+    w.barrier().map_err(e2s)?;
+    for len in [1usize, 7, 100, 20_000] {
+        let mine: Vec<i64> = (0..len).map(|i| val(me, i)).collect();
+        // allreduce with every op
+        for (name, op) in [("sum", Op::Sum), ("min", Op::Min), ("max", Op::Max)] {
+            let mut out = vec![0i64; len];
+            w.allreduce(&mine, &mut out, op).map_err(e2s)?;
+            for i in 0..len {
+                let all = (0..n).map(|r| val(r, i));
+                let want = match name {
+                    "sum" => all.sum(),
+                    "min" => all.min().unwrap_or(0),
+                    _ => all.max().unwrap_or(0),
+                };
+                check!(out[i] == want, "allreduce {name} len {len} n {n}: [{i}] = {} want {want}", out[i]);
+            }
+        }
+        let xor = |a: &[i64], b: &mut [i64]| b.iter_mut().zip(a).for_each(|(o, &x)| *o ^= x);
+        let mut out = vec![0i64; len];
+        w.allreduce(&mine, &mut out, Op::User(&xor)).map_err(e2s)?;
+        for i in 0..len {
+            let want = (0..n).fold(0, |a, r| a ^ val(r, i));
+            check!(out[i] == want, "allreduce user xor len {len}: [{i}]");
+        }
+        for root in 0..n {
+            // reduce
+            let mut out = vec![0i64; if me == root { len } else { 0 }];
+            w.reduce(&mine, &mut out, Op::Sum, root).map_err(e2s)?;
+            if me == root {
+                for i in 0..len {
+                    let want: i64 = (0..n).map(|r| val(r, i)).sum();
+                    check!(out[i] == want, "reduce len {len} root {root}: [{i}]");
+                }
+            }
+            // bcast
+            let mut b: Vec<i64> = if me == root { mine.clone() } else { vec![0; len] };
+            w.bcast(&mut b, root).map_err(e2s)?;
+            check!((0..len).all(|i| b[i] == val(root, i)), "bcast len {len} root {root}");
+            // gather / scatter
+            let mut g = vec![0i64; if me == root { len * nn } else { 0 }];
+            w.gather(&mine, &mut g, root).map_err(e2s)?;
+            if me == root {
+                check!((0..nn).all(|r| (0..len).all(|i| g[r * len + i] == val(r as u32, i))), "gather len {len} root {root}");
+            }
+            let src: Vec<i64> = if me == root { (0..nn * len).map(|k| val((k / len) as u32, k)).collect() } else { vec![] };
+            let mut sc = vec![0i64; len];
+            w.scatter(&src, &mut sc, root).map_err(e2s)?;
+            check!((0..len).all(|i| sc[i] == val(me, me as usize * len + i)), "scatter len {len} root {root}");
+            // gatherv / scatterv with rank-dependent counts (rank r: r % 3 * len / 2 elements), reversed placement
+            let counts: Vec<usize> = (0..nn).map(|r| (r % 3) * len / 2).collect();
+            let total: usize = counts.iter().sum();
+            let mut displs = vec![0usize; nn];
+            let mut off = 0;
+            for r in (0..nn).rev() {
+                displs[r] = off;
+                off += counts[r];
+            }
+            let mine_v: Vec<i64> = (0..counts[me as usize]).map(|i| val(me, i)).collect();
+            let mut gv = vec![-1i64; if me == root { total } else { 0 }];
+            w.gatherv(&mine_v, &mut gv, &counts, &displs, root).map_err(e2s)?;
+            if me == root {
+                for r in 0..nn {
+                    check!((0..counts[r]).all(|i| gv[displs[r] + i] == val(r as u32, i)), "gatherv len {len} root {root} rank {r}");
+                }
+            }
+            let mut sv = vec![0i64; counts[me as usize]];
+            let srcv: Vec<i64> = if me == root { (0..total).map(|k| k as i64 * 3).collect() } else { vec![] };
+            w.scatterv(&srcv, &counts, &displs, &mut sv, root).map_err(e2s)?;
+            let d = displs[me as usize];
+            check!((0..sv.len()).all(|i| sv[i] == (d + i) as i64 * 3), "scatterv len {len} root {root}");
+        }
+        // allgather / allgatherv
+        let mut ag = vec![0i64; len * nn];
+        w.allgather(&mine, &mut ag).map_err(e2s)?;
+        check!((0..nn).all(|r| (0..len).all(|i| ag[r * len + i] == val(r as u32, i))), "allgather len {len} n {n}");
+        let counts: Vec<usize> = (0..nn).map(|r| (r + 1) * len / nn).collect();
+        let displs: Vec<usize> = counts
+            .iter()
+            .scan(0, |a, &c| {
+                let d = *a;
+                *a += c + 1;
+                Some(d)
+            })
+            .collect();
+        let mut agv = vec![-7i64; displs[nn - 1] + counts[nn - 1] + 1];
+        let mine_v: Vec<i64> = (0..counts[me as usize]).map(|i| val(me, i)).collect();
+        w.allgatherv(&mine_v, &mut agv, &counts, &displs).map_err(e2s)?;
+        for r in 0..nn {
+            check!((0..counts[r]).all(|i| agv[displs[r] + i] == val(r as u32, i)), "allgatherv len {len} rank {r}");
+            check!(agv[displs[r] + counts[r]] == -7, "allgatherv wrote into a gap");
+        }
+        // alltoall / alltoallv
+        let blk = len.div_ceil(nn).max(1);
+        let sendb: Vec<i64> = (0..blk * nn).map(|k| val(me, k) * 10 + (k / blk) as i64).collect();
+        let mut recvb = vec![0i64; blk * nn];
+        w.alltoall(&sendb, &mut recvb).map_err(e2s)?;
+        for j in 0..nn {
+            check!(
+                (0..blk).all(|i| recvb[j * blk + i] == val(j as u32, me as usize * blk + i) * 10 + i64::from(me)),
+                "alltoall blk {blk} from {j}"
+            );
+        }
+        // alltoallv: rank r sends (r + dest) % 3 * blk elements to dest.
+        let cnt = |from: usize, to: usize| (from + to) % 3 * blk;
+        let scounts: Vec<usize> = (0..nn).map(|d| cnt(me as usize, d)).collect();
+        let sdispls: Vec<usize> = scounts
+            .iter()
+            .scan(0, |a, &c| {
+                let d = *a;
+                *a += c;
+                Some(d)
+            })
+            .collect();
+        let rcounts: Vec<usize> = (0..nn).map(|s| cnt(s, me as usize)).collect();
+        let rdispls: Vec<usize> = rcounts
+            .iter()
+            .scan(0, |a, &c| {
+                let d = *a;
+                *a += c;
+                Some(d)
+            })
+            .collect();
+        let sendv: Vec<i64> = (0..scounts.iter().sum::<usize>()).map(|k| i64::from(me) * 1_000_000 + k as i64).collect();
+        let mut recvv = vec![0i64; rcounts.iter().sum()];
+        w.alltoallv(&sendv, &scounts, &sdispls, &mut recvv, &rcounts, &rdispls).map_err(e2s)?;
+        for s in 0..nn {
+            let their_sdispl: usize = (0..me as usize).map(|d| cnt(s, d)).sum();
+            check!(
+                (0..rcounts[s]).all(|i| recvv[rdispls[s] + i] == s as i64 * 1_000_000 + (their_sdispl + i) as i64),
+                "alltoallv from {s}"
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Rank 1 dies at once; the others must get an error naming it, not hang.
+fn early_exit(w: &Comm) -> R {
+    if w.rank() == 1 {
+        std::process::exit(3);
+    }
+    let t = std::time::Instant::now();
+    let mut b = [0u8; 8];
+    match w.recv(&mut b, 1, 0) {
+        Err(Error::PeerGone { rank: 1, .. }) => {
+            println!("PEER-GONE rank 1 noticed by rank {} after {} ms", w.rank(), t.elapsed().as_millis());
+            std::process::exit(0);
+        }
+        other => Err(format!("expected PeerGone for rank 1, got {other:?}")),
+    }
+}
+
+fn bad_input(w: &Comm) -> R {
+    let n = w.size();
+    match w.send(&[1u8], n, 0) {
+        Err(Error::InvalidRank { rank, size, .. }) if rank == i64::from(n) && size == n => {}
+        other => return Err(format!("send to rank {n}: {other:?}")),
+    }
+    match w.recv(&mut [0u8], n + 5, 0) {
+        Err(Error::InvalidRank { .. }) => {}
+        other => return Err(format!("recv from rank {}: {other:?}", n + 5)),
+    }
+    match w.send(&[1u8], 0, -4) {
+        Err(Error::InvalidTag { tag: -4, .. }) => {}
+        other => return Err(format!("negative tag: {other:?}")),
+    }
+    match w.bcast(&mut [0u8], n) {
+        Err(Error::InvalidRank { what: "root", .. }) => {}
+        other => return Err(format!("bcast root {n}: {other:?}")),
+    }
+    let mut out = [0i32; 2];
+    match w.allreduce(&[1i32, 2, 3], &mut out, Op::Sum) {
+        Err(Error::InvalidCount { what: "allreduce", .. }) => {}
+        other => return Err(format!("allreduce 3 into 2: {other:?}")),
+    }
+    let counts = vec![4usize; n as usize];
+    let displs = vec![0usize; n as usize];
+    let mut small = vec![0u8; 2];
+    match w.allgatherv(&[0u8; 4], &mut small, &counts, &displs) {
+        Err(Error::InvalidCount { detail, .. }) if detail.contains("rank 0's count 4") => {}
+        other => return Err(format!("oversized allgatherv counts: {other:?}")),
+    }
+    match w.alltoallv(&[0u8; 4], &counts[..1], &displs[..1], &mut small, &counts, &displs) {
+        Err(Error::InvalidCount { .. }) => {}
+        other => return Err(format!("short counts array: {other:?}")),
+    }
+    // Typed receive of a message that is not a whole number of elements.
+    let peer = (w.rank() + 1) % n;
+    let from = (w.rank() + n - 1) % n;
+    let mut r = [0u32; 2];
+    let got = w.sendrecv(&[1u8, 2, 3], peer, 1, &mut r, from, 1);
+    match got {
+        Err(Error::PartialElement { bytes: 3, elem_size: 4, .. }) => {}
+        other => return Err(format!("3 bytes into u32s: {other:?}")),
+    }
+    w.barrier().map_err(e2s)
+}
+
+fn dup_split(w: &Comm) -> R {
+    let (me, n) = (w.rank(), w.size());
+    let d = w.dup().map_err(e2s)?;
+    check!(d.rank() == me && d.size() == n, "dup shape");
+    if me == 1 {
+        d.send(&[111u32], 0, 1).map_err(e2s)?;
+        w.send(&[222u32], 0, 1).map_err(e2s)?;
+    } else if me == 0 {
+        let mut x = [0u32];
+        w.recv(&mut x, 1, 1).map_err(e2s)?;
+        check!(x == [222], "world recv took {x:?}: tag spaces leak between dup and world");
+        d.recv(&mut x, Source::Any, Tag::Any).map_err(e2s)?;
+        check!(x == [111], "dup recv took {x:?}");
+    }
+    // Split by parity, key reverses the order.
+    let s = w.split(Some(me % 2), -(me as i32)).map_err(e2s)?.ok_or("split gave None for a color")?;
+    let members: Vec<u32> = (0..n).filter(|r| r % 2 == me % 2).collect();
+    check!(s.size() as usize == members.len(), "split size {}", s.size());
+    check!(s.rank() as usize == members.len() - 1 - members.iter().position(|&r| r == me).unwrap_or(0), "split rank {}", s.rank());
+    let mut sum = [0u32];
+    s.allreduce(&[me], &mut sum, Op::Sum).map_err(e2s)?;
+    check!(sum[0] == members.iter().sum::<u32>(), "split allreduce {sum:?}");
+    // Collectives on world and on the split interleave without mixing.
+    let mut b = [me];
+    s.bcast(&mut b, 0).map_err(e2s)?;
+    check!(b[0] == *members.last().unwrap_or(&0), "split bcast from its rank 0 (highest world rank)");
+    let none = w.split(if me == 0 { None } else { Some(0) }, 0).map_err(e2s)?;
+    check!(none.is_none() == (me == 0), "undefined color");
+    if let Some(c) = none {
+        check!(c.size() == n - 1, "color 0 holds all but rank 0");
+        c.barrier().map_err(e2s)?;
+    }
+    Ok(())
+}
+
+/// A neighbour exchange around the ring, many times (oversubscription: progress must not starve).
+fn ring(w: &Comm) -> R {
+    let (me, n) = (w.rank(), w.size());
+    let iters: usize = std::env::var("RING_ITERS").ok().and_then(|v| v.parse().ok()).unwrap_or(2000);
+    let right = (me + 1) % n;
+    let left = (me + n - 1) % n;
+    let mut got = [0u64];
+    let t = std::time::Instant::now();
+    for i in 0..iters as u64 {
+        w.sendrecv(&[i * 100 + u64::from(me)], right, 0, &mut got, left, 0).map_err(e2s)?;
+        check!(got[0] == i * 100 + u64::from(left), "iteration {i}: got {}", got[0]);
+    }
+    let us = t.elapsed().as_secs_f64() * 1e6 / iters as f64;
+    println!("RING n={n} iters={iters} us_per_exchange={us:.2}");
+    Ok(())
+}
