@@ -1,4 +1,171 @@
-//! Placeholder replaced below.
-pub fn main(_args: &[String]) -> Result<(), String> {
-    Err("not yet".into())
+//! `fmx-perf compare`: fmx and the MPI peers, side by side in one run.
+//!
+//! Builds `bench/peers/osu_peer.c` with `mpicc.mpich` and `mpicc.openmpi`
+//! (Debian's mpich and openmpi-bin), runs the same OSU-methodology latency
+//! and bandwidth sweeps under `mpiexec.hydra -bind-to core` and Open MPI
+//! (`--mca pml ob1 --mca btl self,vader`, bound to cores), runs fmx-perf's
+//! own two pinned ranks, and prints one table with the ratios. With
+//! `--update-readme FILE` the table replaces the block between
+//! `<!-- perf-table:begin -->` and `<!-- perf-table:end -->`.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use crate::report::{parse_osu, Row};
+
+const BEGIN: &str = "<!-- perf-table:begin -->";
+const END: &str = "<!-- perf-table:end -->";
+
+struct Peer {
+    name: &'static str,
+    mpicc: &'static str,
+    launcher: &'static [&'static str],
+}
+
+const PEERS: &[Peer] = &[
+    Peer { name: "MPICH", mpicc: "mpicc.mpich", launcher: &["mpiexec.hydra", "-iface", "lo", "-n", "2", "-bind-to", "core"] },
+    Peer {
+        name: "Open MPI",
+        mpicc: "mpicc.openmpi",
+        launcher: &[
+            "mpirun.openmpi",
+            "--allow-run-as-root",
+            "-n",
+            "2",
+            "--bind-to",
+            "core",
+            "--mca",
+            "pml",
+            "ob1",
+            "--mca",
+            "btl",
+            "self,vader",
+            "--mca",
+            "oob_tcp_if_include",
+            "lo",
+            "--mca",
+            "btl_tcp_if_include",
+            "lo",
+        ],
+    },
+];
+
+fn run(cmd: &mut Command) -> Result<String, String> {
+    let out = cmd.output().map_err(|e| format!("{cmd:?}: {e}"))?;
+    if !out.status.success() {
+        return Err(format!("{cmd:?} failed ({}): {}", out.status, String::from_utf8_lossy(&out.stderr)));
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+fn source_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("peers")
+}
+
+fn build_peer(p: &Peer) -> Result<PathBuf, String> {
+    let dir = source_dir();
+    let out = dir.join("build").join(format!("osu_peer_{}", p.mpicc.trim_start_matches("mpicc.")));
+    std::fs::create_dir_all(dir.join("build")).map_err(|e| e.to_string())?;
+    run(Command::new(p.mpicc).args(["-O2", "-Wno-stringop-overflow", "-o"]).arg(&out).arg(dir.join("osu_peer.c")))?;
+    Ok(out)
+}
+
+type Table = BTreeMap<(&'static str, usize), Vec<(String, f64)>>;
+
+fn record(table: &mut Table, test: &'static str, who: &str, rows: &[Row], sizes: &[usize]) {
+    for r in rows.iter().filter(|r| sizes.contains(&r.size)) {
+        table.entry((test, r.size)).or_default().push((who.to_owned(), r.value));
+    }
+}
+
+/// Entry point of `fmx-perf compare`.
+pub fn main(args: &[String]) -> Result<(), String> {
+    let mut sizes = vec![8usize, 1 << 20, 4 << 20];
+    let mut readme = None;
+    let mut peers = true;
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        match a.as_str() {
+            "--sizes" => {
+                let v = it.next().ok_or("--sizes needs a list")?;
+                sizes = v.split(',').map(|s| s.trim().parse().map_err(|_| format!("bad size {s:?}"))).collect::<Result<_, _>>()?;
+            }
+            "--update-readme" => readme = Some(it.next().ok_or("--update-readme needs a file")?.clone()),
+            "--no-peers" => peers = false,
+            other => return Err(format!("unknown option {other}")),
+        }
+    }
+    let max = sizes.iter().copied().max().unwrap_or(8).next_power_of_two();
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let mut table = Table::new();
+    let mut names = vec!["fmx".to_owned()];
+    for test in ["latency", "bw"] {
+        let out = run(Command::new(&exe).args([test, "--max-size", &max.to_string()]))?;
+        record(&mut table, test, "fmx", &parse_osu(&out), &sizes);
+    }
+    if peers {
+        for p in PEERS {
+            let bin = build_peer(p)?;
+            for test in ["latency", "bw"] {
+                let (prog, rest) = p.launcher.split_first().expect("launcher");
+                let out = run(Command::new(prog).args(rest).arg(&bin).args([test, &max.to_string()]))?;
+                record(&mut table, test, p.name, &parse_osu(&out), &sizes);
+            }
+            names.push(p.name.to_owned());
+        }
+    }
+    let text = render(&table, &names);
+    print!("{text}");
+    if let Some(path) = readme {
+        let old = std::fs::read_to_string(&path).map_err(|e| format!("{path}: {e}"))?;
+        let (Some(a), Some(b)) = (old.find(BEGIN), old.find(END)) else {
+            return Err(format!("{path} has no {BEGIN} ... {END} block"));
+        };
+        let new = format!("{}{BEGIN}\n{text}{}", &old[..a], &old[b..]);
+        std::fs::write(&path, new).map_err(|e| format!("{path}: {e}"))?;
+    }
+    Ok(())
+}
+
+fn render(table: &Table, names: &[String]) -> String {
+    let peers = &names[1..];
+    let mut s = String::from("| test | size | fmx |");
+    for p in peers {
+        s.push_str(&format!(" {p} | fmx vs {p} |"));
+    }
+    s.push_str("\n|---|---:|---:|");
+    for _ in peers {
+        s.push_str("---:|---:|");
+    }
+    s.push('\n');
+    for ((test, size), vals) in table {
+        let get = |who: &str| vals.iter().find(|(w, _)| w == who).map(|v| v.1);
+        let unit = if *test == "latency" { "us" } else { "MB/s" };
+        let Some(f) = get("fmx") else { continue };
+        s.push_str(&format!("| {test} ({unit}) | {} | {f:.2} |", human(*size)));
+        for p in peers {
+            match get(p) {
+                // Ratio > 1 means fmx is better: peer/fmx for latency, fmx/peer for bandwidth.
+                Some(v) => {
+                    let ratio = if *test == "latency" { v / f } else { f / v };
+                    s.push_str(&format!(" {v:.2} | {ratio:.2}x |"));
+                }
+                None => s.push_str(" – | – |"),
+            }
+        }
+        s.push('\n');
+    }
+    s.push_str("\nRatios above 1 mean fmx is better (peer latency / fmx latency; fmx bandwidth / peer bandwidth).\n");
+    s
+}
+
+fn human(size: usize) -> String {
+    if size >= 1 << 20 && size % (1 << 20) == 0 {
+        format!("{} MiB", size >> 20)
+    } else if size >= 1 << 10 && size % (1 << 10) == 0 {
+        format!("{} KiB", size >> 10)
+    } else {
+        format!("{size} B")
+    }
 }

@@ -34,6 +34,9 @@ pub(crate) use requests::{RawStatus, ReqId, WaitsOn};
 const POLL_BATCH: usize = 32;
 /// Empty polls spent spinning before a waiter starts yielding the core.
 const SPIN_POLLS: u32 = 128;
+/// The same when more ranks than cores share the host: yield almost at once,
+/// so that the peer we wait for gets the core.
+const SPIN_POLLS_OVERSUBSCRIBED: u32 = 2;
 /// Rendezvous messages from this size on are copied by both sides at once:
 /// the receiver reads the first half while the sender writes the second
 /// (two cores share the copy of one message).
@@ -95,10 +98,12 @@ pub(crate) struct Engine {
     deferred: Vec<Deferred>,
     /// A fatal protocol error found inside a poll callback.
     poison: Option<Error>,
+    spin_polls: u32,
 }
 
 impl Engine {
-    pub(crate) fn new(tp: Transport) -> Self {
+    /// An engine over `tp`; `oversubscribed` when this host runs more ranks than it has cores.
+    pub(crate) fn new(tp: Transport, oversubscribed: bool) -> Self {
         let size = tp.num_peers();
         Self {
             me: tp.local_id(),
@@ -110,6 +115,7 @@ impl Engine {
             queued: 0,
             deferred: Vec::new(),
             poison: None,
+            spin_polls: if oversubscribed { SPIN_POLLS_OVERSUBSCRIBED } else { SPIN_POLLS },
         }
     }
 
@@ -324,7 +330,7 @@ impl Engine {
                 continue;
             }
             idle += 1;
-            if idle < SPIN_POLLS {
+            if idle < self.spin_polls {
                 continue;
             }
             // Let a peer that shares our core run (oversubscription).
