@@ -236,6 +236,9 @@ impl Launch {
         if rank != 0 {
             cmd.stdin(Stdio::null());
         }
+        // Each rank leads its own process group, so that killing a rank also
+        // kills whatever it started (a shell's children would keep our pipes open).
+        std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
         if self.label || self.capture {
             cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
         }
@@ -251,6 +254,7 @@ fn exit_code(st: ExitStatus) -> i32 {
 fn kill_all(pids: &[Option<u32>], sig: rustix::process::Signal) {
     for pid in pids.iter().flatten() {
         if let Some(p) = rustix::process::Pid::from_raw(*pid as i32) {
+            let _ = rustix::process::kill_process_group(p, sig);
             let _ = rustix::process::kill_process(p, sig);
         }
     }

@@ -289,3 +289,76 @@ impl Endpoint for ShmEndpoint {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use fmx_transport::MsgKind;
+
+    fn pair(job: &str, slots: u32) -> (ShmEndpoint, ShmEndpoint, PathBuf) {
+        let dir = std::env::temp_dir().join(format!("fmx-shm-test-{job}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let cfg = |rank| ShmConfig { job: job.into(), rank, size: 2, slots, slot_bytes: 256, dir: dir.clone() };
+        let a = ShmSetup::create(cfg(0)).unwrap();
+        let b = ShmSetup::create(cfg(1)).unwrap();
+        let addrs = vec![a.address(), b.address()];
+        let mut a = a.connect(&addrs).unwrap();
+        let mut b = b.connect(&addrs).unwrap();
+        a.unlink();
+        b.unlink();
+        assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 0, "unlinked after connect");
+        (a, b, dir)
+    }
+
+    fn drain(ep: &mut ShmEndpoint) -> Vec<(u32, u64, Vec<u8>)> {
+        let mut got = Vec::new();
+        ep.poll(usize::MAX, |p, h, d| got.push((p, h.match_bits, d.to_vec()))).unwrap();
+        got
+    }
+
+    #[test]
+    fn messages_arrive_in_order_and_backpressure_never_overwrites() {
+        let (mut a, mut b, dir) = pair("order", 2);
+        let max = a.max_eager();
+        assert_eq!(max, 256 - 40);
+        for i in 0..2u64 {
+            assert_eq!(a.try_send(1, &MsgHeader::eager(i, 3, 0), &[i as u8; 3]).unwrap(), SendOutcome::Sent);
+        }
+        // Two slots, both unreleased: the third send must not write.
+        assert_eq!(a.try_send(1, &MsgHeader::eager(2, 1, 0), &[2]).unwrap(), SendOutcome::Backpressure);
+        assert!(matches!(a.try_send(1, &MsgHeader::eager(9, max + 1, 0), &vec![0; max + 1]), Err(TransportError::EagerTooLarge { .. })));
+        assert!(matches!(a.try_send(2, &MsgHeader::eager(9, 0, 0), &[]), Err(TransportError::NoSuchPeer { peer: 2, size: 2 })));
+        assert_eq!(drain(&mut b), vec![(0, 0, vec![0; 3]), (0, 1, vec![1; 3])]);
+        assert_eq!(a.try_send(1, &MsgHeader::eager(2, max, 0), &vec![7; max]).unwrap(), SendOutcome::Sent);
+        // self-send through our own ring
+        assert_eq!(b.try_send(1, &MsgHeader::eager(5, 0, 0), &[]).unwrap(), SendOutcome::Sent);
+        let got = drain(&mut b);
+        assert_eq!(got.len(), 2);
+        assert!(got.contains(&(0, 2, vec![7; max])) && got.contains(&(1, 5, vec![])));
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn single_copy_read_and_write_and_bounds() {
+        let (mut a, mut b, dir) = pair("cma", 4);
+        let src: Vec<u8> = (0..100_000u32).map(|i| (i * 7) as u8).collect();
+        let key = a.expose(&src).unwrap();
+        let mut dst = vec![0u8; src.len()];
+        assert_eq!(b.read(0, &key, &mut dst).unwrap(), OpStatus::Done);
+        assert_eq!(dst, src);
+        let mut target = vec![0u8; 10];
+        let tkey = a.expose_mut(&mut target).unwrap();
+        assert_eq!(b.write(0, &[9; 10], &tkey).unwrap(), OpStatus::Done);
+        assert_eq!(target, [9; 10]);
+        let mut big = vec![0u8; 11];
+        assert!(matches!(b.read(0, &tkey, &mut big), Err(TransportError::RemoteBounds { len: 11, region: 10, .. })));
+        let h = MsgHeader::control(MsgKind::Rts, 1, 5, 2, RemoteKey::BYTES);
+        assert_eq!(a.try_send(1, &h, &key.encode()).unwrap(), SendOutcome::Sent);
+        let got = drain(&mut b);
+        assert_eq!(RemoteKey::decode(&got[0].2), Some(key));
+        assert_eq!(b.peer_state(0), PeerState::Alive);
+        a.finalize().unwrap();
+        assert_eq!(b.peer_state(0), PeerState::Finalized);
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+}

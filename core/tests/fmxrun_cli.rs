@@ -1,0 +1,60 @@
+//! The `fmxrun` command line: exit codes, labels, errors.
+
+use std::process::Command;
+
+fn fmxrun() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_fmxrun"))
+}
+
+#[test]
+fn propagates_the_first_nonzero_exit_code() {
+    let out = fmxrun()
+        .args(["-n", "3", "--kill-grace", "0.5", "sh", "-c", "if [ \"$FMX_RANK\" = 2 ]; then exit 7; fi; sleep 30"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(7), "{}", String::from_utf8_lossy(&out.stderr));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("rank 2 exited with code 7"), "{err}");
+}
+
+#[test]
+fn labels_output_with_ranks_and_hands_out_rank_and_size() {
+    let out = fmxrun().args(["-n", "3", "-l", "sh", "-c", "echo \"r=$FMX_RANK s=$FMX_SIZE\"; echo oops >&2"]).output().unwrap();
+    assert!(out.status.success());
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    for r in 0..3 {
+        assert!(stdout.lines().any(|l| l == format!("[{r}] r={r} s=3")), "{stdout}");
+    }
+    assert_eq!(String::from_utf8_lossy(&out.stderr).matches("] oops").count(), 3);
+}
+
+#[test]
+fn times_out_with_124() {
+    let out = fmxrun().args(["-n", "2", "--timeout", "0.3", "sleep", "30"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(124));
+}
+
+#[test]
+fn bad_arguments_are_named() {
+    let out = fmxrun().args(["-n", "x", "true"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("-n: \"x\" is not a number"));
+    let out = fmxrun().args(["-n", "2", "--transport", "carrier-pigeon", "true"]).output().unwrap();
+    assert!(String::from_utf8_lossy(&out.stderr).contains("unknown transport \"carrier-pigeon\""));
+    let out = fmxrun().args(["-n", "2", "/nonexistent/program"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("starting rank 0 (/nonexistent/program)"));
+}
+
+#[test]
+fn a_lone_process_is_a_world_of_one() {
+    // The example run without fmxrun: rank 0 of 1 over loopback.
+    let exe = std::path::Path::new(env!("CARGO_BIN_EXE_fmxrun")).parent().unwrap().join("examples/hello");
+    if !exe.exists() {
+        let st = Command::new(env!("CARGO")).args(["build", "-q", "-p", "fmx", "--example", "hello"]).status().unwrap();
+        assert!(st.success());
+    }
+    let out = Command::new(&exe).env_remove("FMX_RENDEZVOUS").output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "hello from rank 0 of 1 over loopback; sum of ranks = 0");
+}
