@@ -57,7 +57,7 @@ impl Comm {
     fn allreduce_recursive_doubling<T: Reduce>(&self, acc: &mut [T], op: Op<'_, T>) -> Result<()> {
         let n = self.size();
         let r = self.rank();
-        let p = 1u32 << (31 - n.leading_zeros());
+        let p = 1u32 << n.ilog2();
         let rem = n - p;
         let mut tmp = vec![T::zeroed(); acc.len()];
         // Fold: even ranks below 2*rem hand their data to the odd neighbour and sit out.

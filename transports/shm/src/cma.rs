@@ -13,13 +13,28 @@ pub enum Direction {
     Write,
 }
 
+/// Copies `remote..remote+local.len()` of process `pid` into `local`.
+pub fn read_from(peer: PeerId, pid: u32, remote: u64, local: &mut [u8]) -> Result<(), TransportError> {
+    // SAFETY: `local` is a live, exclusively borrowed buffer of `local.len()` bytes.
+    unsafe { transfer(Direction::Read, peer, pid, local.as_mut_ptr(), remote, local.len()) }
+}
+
+/// Copies `local` into `remote..remote+local.len()` of process `pid`.
+pub fn write_to(peer: PeerId, pid: u32, local: &[u8], remote: u64) -> Result<(), TransportError> {
+    // SAFETY: `local` is a live buffer of `local.len()` bytes; a Write only reads it.
+    unsafe { transfer(Direction::Write, peer, pid, local.as_ptr().cast_mut(), remote, local.len()) }
+}
+
 /// Moves `len` bytes between our `local` address and `remote` in process `pid`,
 /// looping over partial transfers.
 ///
-/// The kernel checks both ranges: a bad remote address is `EFAULT`, a process
-/// we may not access `EPERM`, a gone process `ESRCH`. Nothing here can touch
-/// our memory outside `local..local+len`, which the caller owns.
-pub fn transfer(dir: Direction, peer: PeerId, pid: u32, local: *mut u8, remote: u64, len: usize) -> Result<(), TransportError> {
+/// The kernel checks the remote range: a bad remote address is `EFAULT`, a
+/// process we may not access `EPERM`, a gone process `ESRCH`.
+///
+/// # Safety
+/// `local..local+len` must be memory the caller owns for the call: writable
+/// for [`Direction::Read`], readable for [`Direction::Write`].
+unsafe fn transfer(dir: Direction, peer: PeerId, pid: u32, local: *mut u8, remote: u64, len: usize) -> Result<(), TransportError> {
     let mut done = 0usize;
     while done < len {
         let liov = libc::iovec {

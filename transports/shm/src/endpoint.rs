@@ -5,7 +5,7 @@ use std::sync::atomic::Ordering;
 
 use fmx_transport::{Endpoint, MsgHeader, OpStatus, PeerId, PeerState, RemoteKey, SendOutcome, TransportError};
 
-use crate::cma::{self, Direction};
+use crate::cma;
 use crate::layout::{state, Layout};
 use crate::liveness::PeerWatch;
 use crate::ring::{RxRing, TxRing};
@@ -252,14 +252,14 @@ impl Endpoint for ShmEndpoint {
     fn read(&mut self, peer: PeerId, remote: &RemoteKey, local: &mut [u8]) -> Result<OpStatus, TransportError> {
         self.check_peer(peer)?;
         let r = remote.slice(peer, 0, local.len() as u64)?;
-        cma::transfer(Direction::Read, peer, self.pids[peer as usize], local.as_mut_ptr(), r.addr, local.len())?;
+        cma::read_from(peer, self.pids[peer as usize], r.addr, local)?;
         Ok(OpStatus::Done)
     }
 
     fn write(&mut self, peer: PeerId, local: &[u8], remote: &RemoteKey) -> Result<OpStatus, TransportError> {
         self.check_peer(peer)?;
         let r = remote.slice(peer, 0, local.len() as u64)?;
-        cma::transfer(Direction::Write, peer, self.pids[peer as usize], local.as_ptr().cast_mut(), r.addr, local.len())?;
+        cma::write_to(peer, self.pids[peer as usize], local, r.addr)?;
         Ok(OpStatus::Done)
     }
 

@@ -155,6 +155,7 @@ impl Segment {
     }
 
     /// The shared 64-bit word at `off`.
+    #[allow(clippy::cast_ptr_alignment)] // alignment of `off` is checked; the mapping is page aligned
     pub fn u64_at(&self, off: usize) -> &AtomicU64 {
         self.check(off, 8);
         // SAFETY: `off` is in bounds and 8-aligned (checked; the mapping is page
@@ -164,6 +165,7 @@ impl Segment {
     }
 
     /// The shared 32-bit word at `off`.
+    #[allow(clippy::cast_ptr_alignment)] // as in `u64_at`
     pub fn u32_at(&self, off: usize) -> &AtomicU32 {
         self.check(off, 4);
         // SAFETY: as in `u64_at`, for a 4-aligned 32-bit word.
