@@ -28,6 +28,8 @@
 //! Endpoints are driven by one thread at a time (`&mut self`); they are `Send`
 //! so that a progress thread may own them.
 
+#![warn(missing_docs)]
+
 pub mod endpoint;
 pub mod error;
 pub mod header;
