@@ -238,6 +238,18 @@ fn sizes(w: &Comm) -> R {
     Ok(())
 }
 
+/// Displacements that place `counts` one after another with `gap` unused elements between them.
+fn displacements(counts: &[usize], gap: usize) -> Vec<usize> {
+    counts
+        .iter()
+        .scan(0, |next, &c| {
+            let d = *next;
+            *next += c + gap;
+            Some(d)
+        })
+        .collect()
+}
+
 fn val(rank: u32, i: usize) -> i64 {
     (i64::from(rank) + 1) * 1000 + (i as i64 % 997) - 400
 }
@@ -322,14 +334,7 @@ fn coll(w: &Comm) -> R {
         w.allgather(&mine, &mut ag).map_err(e2s)?;
         check!((0..nn).all(|r| (0..len).all(|i| ag[r * len + i] == val(r as u32, i))), "allgather len {len} n {n}");
         let counts: Vec<usize> = (0..nn).map(|r| (r + 1) * len / nn).collect();
-        let displs: Vec<usize> = counts
-            .iter()
-            .scan(0, |a, &c| {
-                let d = *a;
-                *a += c + 1;
-                Some(d)
-            })
-            .collect();
+        let displs = displacements(&counts, 1);
         let mut agv = vec![-7i64; displs[nn - 1] + counts[nn - 1] + 1];
         let mine_v: Vec<i64> = (0..counts[me as usize]).map(|i| val(me, i)).collect();
         w.allgatherv(&mine_v, &mut agv, &counts, &displs).map_err(e2s)?;
@@ -351,23 +356,9 @@ fn coll(w: &Comm) -> R {
         // alltoallv: rank r sends (r + dest) % 3 * blk elements to dest.
         let cnt = |from: usize, to: usize| (from + to) % 3 * blk;
         let scounts: Vec<usize> = (0..nn).map(|d| cnt(me as usize, d)).collect();
-        let sdispls: Vec<usize> = scounts
-            .iter()
-            .scan(0, |a, &c| {
-                let d = *a;
-                *a += c;
-                Some(d)
-            })
-            .collect();
+        let sdispls = displacements(&scounts, 0);
         let rcounts: Vec<usize> = (0..nn).map(|s| cnt(s, me as usize)).collect();
-        let rdispls: Vec<usize> = rcounts
-            .iter()
-            .scan(0, |a, &c| {
-                let d = *a;
-                *a += c;
-                Some(d)
-            })
-            .collect();
+        let rdispls = displacements(&rcounts, 0);
         let sendv: Vec<i64> = (0..scounts.iter().sum::<usize>()).map(|k| i64::from(me) * 1_000_000 + k as i64).collect();
         let mut recvv = vec![0i64; rcounts.iter().sum()];
         w.alltoallv(&sendv, &scounts, &sdispls, &mut recvv, &rcounts, &rdispls).map_err(e2s)?;
