@@ -236,29 +236,26 @@ impl Comm {
             if spins > 128 {
                 std::thread::yield_now();
                 if started.elapsed() > std::time::Duration::from_millis(20) && spins % 64 == 0 {
-                    self.probe_liveness(&waits_on)?;
+                    if let Err(e) = self.probe_liveness(&waits_on) {
+                        // What the peer sent before going may still be in our slots.
+                        return self.iprobe(src, tag)?.ok_or(e);
+                    }
                 }
             }
         }
     }
 
     fn probe_liveness(&self, waits_on: &WaitsOn) -> Result<()> {
-        let mut e = self.sh.engine.borrow_mut();
-        let peers: Vec<u32> = match waits_on {
-            WaitsOn::Peer(p) => vec![*p],
-            WaitsOn::AnyOf(ps) => ps.iter().copied().filter(|&p| p != e.world_rank()).collect(),
-        };
-        let gone: Vec<_> = peers.iter().map(|&p| (p, e.tp_peer_gone(p))).collect();
-        if !gone.is_empty() && gone.iter().all(|(_, g)| *g) {
-            let w = gone[0].0;
-            return Err(self.localize(Error::PeerGone {
+        let departed = self.sh.engine.borrow_mut().departed(waits_on);
+        match departed {
+            None => Ok(()),
+            Some((w, state)) => Err(self.localize(Error::PeerGone {
                 rank: w,
                 world_rank: w,
                 during: "probing".into(),
-                reason: "its process exited or finalized".into(),
-            }));
+                reason: crate::engine::gone_reason(state),
+            })),
         }
-        Ok(())
     }
 
     /// Drives progress once (FM's extract): useful while computing.
@@ -305,12 +302,5 @@ impl Comm {
     /// Collective context of this communicator.
     pub(crate) fn coll_ctx(&self) -> u32 {
         self.ctx + 1
-    }
-}
-
-impl Engine {
-    pub(crate) fn tp_peer_gone(&mut self, peer: u32) -> bool {
-        use fmx_transport::Endpoint;
-        !matches!(self.tp.peer_state(peer), fmx_transport::PeerState::Alive)
     }
 }

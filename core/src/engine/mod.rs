@@ -352,9 +352,23 @@ impl Engine {
         let Some(r) = self.reqs.get(id) else {
             return Ok(());
         };
-        let what = r.what;
-        let gone = match r.waits_on.clone() {
-            WaitsOn::Peer(p) => self.gone(p).map(|s| (p, s)),
+        let (what, waits_on) = (r.what, r.waits_on.clone());
+        if let Some((peer, state)) = self.departed(&waits_on) {
+            // What it sent before going may still be in our slots.
+            self.progress(lend)?;
+            if self.reqs.is_pending(id) {
+                self.cancel(id);
+                self.reqs.fail(id, Error::PeerGone { rank: peer, world_rank: peer, during: what.to_owned(), reason: gone_reason(state) });
+            }
+        }
+        Ok(())
+    }
+
+    /// The peer an operation waiting on `waits_on` can no longer be completed by:
+    /// its one peer, or, for a wildcard, the first of them once every other member is gone.
+    pub(crate) fn departed(&mut self, waits_on: &WaitsOn) -> Option<(u32, PeerState)> {
+        match waits_on {
+            WaitsOn::Peer(p) => self.gone(*p).map(|s| (*p, s)),
             WaitsOn::AnyOf(ps) => {
                 let me = self.me;
                 let states: Vec<_> = ps.iter().filter(|&&p| p != me).map(|&p| (p, self.gone(p))).collect();
@@ -364,22 +378,8 @@ impl Engine {
                     None
                 }
             }
-        };
-        if let Some((peer, state)) = gone {
-            // What it sent before going may still be in our slots.
-            self.progress(lend)?;
-            if self.reqs.is_pending(id) {
-                let reason = match state {
-                    PeerState::Finalized => "it finalized without a matching operation".to_owned(),
-                    _ => "its process exited or was killed".to_owned(),
-                };
-                self.cancel(id);
-                self.reqs.fail(id, Error::PeerGone { rank: peer, world_rank: peer, during: what.to_owned(), reason });
-            }
         }
-        Ok(())
     }
-
     fn gone(&mut self, peer: u32) -> Option<PeerState> {
         match self.tp.peer_state(peer) {
             PeerState::Alive => None,
@@ -409,6 +409,14 @@ impl Engine {
     /// Whether any operation still needs progress (queued sends).
     pub(crate) fn has_queued(&self) -> bool {
         self.queued > 0
+    }
+}
+
+/// Why a departed peer cannot complete an operation.
+pub(crate) fn gone_reason(state: PeerState) -> String {
+    match state {
+        PeerState::Finalized => "it finalized without a matching operation".to_owned(),
+        _ => "its process exited or was killed".to_owned(),
     }
 }
 
