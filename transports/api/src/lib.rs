@@ -30,6 +30,7 @@
 
 #![warn(missing_docs)]
 
+pub mod credit;
 pub mod endpoint;
 pub mod error;
 pub mod header;

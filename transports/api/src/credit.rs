@@ -1,0 +1,218 @@
+//! Credit-based flow control with Illinois Fast Messages' send rule. Pure
+//! logic, no I/O: every transport keeps one [`PeerCredits`] per peer and asks
+//! it before writing into the peer's receive slots.
+//!
+//! **The rule.** A process may send to every process that has sent to it, and
+//! to every process with a smaller node ID. Each receiver owns a fixed pool of
+//! `P` eager slots, laid out as one slice of `S = P / (N − 1)` slots per
+//! possible peer (the job size `N` is known at start, as `maxnodes` is in FM's
+//! `allallsync`). Until [`PeerCredits::reallocate`], a sender may use only the
+//! first `c0` ("newcomer") slots of its slice: a newcomer with ID `i` holds `c0`
+//! credits toward every `j < i` from the start; `j` gets its `c0` credits toward
+//! `i` from the header of `i`'s first message. After everyone joined,
+//! reallocation grants every peer its whole slice ("no one else will join"),
+//! so eager receive memory stays `P × slot` bytes whatever `N` is.
+//!
+//! **Returns.** One credit per eager message. The receiver counts the slots it
+//! released per sender and returns them piggybacked on any message it sends
+//! to that sender (header fields), or in an explicit credit message once
+//! `threshold` of them are owed and no reverse traffic carried them.
+//!
+//! **Control reserve.** Rendezvous control (CTS, FIN) and explicit credit
+//! messages travel in a separate reserve of `R ≥ 2` control slots per peer,
+//! so they never wait behind exhausted eager credits. Control credits come
+//! back the same way; an explicit message is also sent when the peer has
+//! handed us all `R` of its control credits. Every message carries everything
+//! owed, which (with `R ≥ 2`) rules out both deadlock and endless credit
+//! ping-pong (see the exhaustive model test below).
+
+/// Which reserve a message uses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Class {
+    /// Eager data and rendezvous requests: the peer's slice of the pool.
+    Data,
+    /// Rendezvous control and credit messages: the control reserve.
+    Ctrl,
+}
+
+/// What the rule and the credits say about sending now.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Gate {
+    /// A credit was taken: send.
+    Go,
+    /// No credit now; it comes back when the peer releases slots.
+    Backpressure,
+    /// FM's send rule forbids it: the peer has a larger ID and has not sent to us yet.
+    NotAllowed,
+}
+
+/// Sizing, the same for every peer of a job.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CreditConfig {
+    /// `S`: slots of the pool that belong to one peer (its slice).
+    pub slice: u32,
+    /// `c0`: slots of the slice usable before reallocation.
+    pub newcomer: u32,
+    /// `R`: control slots per peer (at least 2).
+    pub ctrl: u32,
+    /// Owed data credits that trigger an explicit credit message.
+    pub threshold: u32,
+}
+
+impl CreditConfig {
+    /// `pool` slots shared by `peers` peers; `newcomer` and `threshold` are
+    /// clamped into `1..=slice`. Errors when the pool cannot give every peer a slot.
+    pub fn for_pool(pool: u32, peers: u32, newcomer: u32, threshold: Option<u32>) -> Result<Self, String> {
+        let peers = peers.max(1);
+        let slice = pool / peers;
+        if slice == 0 {
+            return Err(format!("a pool of {pool} eager slots cannot give each of {peers} peers a slot"));
+        }
+        Ok(Self { slice, newcomer: newcomer.clamp(1, slice), ctrl: 2, threshold: threshold.unwrap_or(slice.div_ceil(2)).clamp(1, slice) })
+    }
+}
+
+/// Credits between us and one peer, both directions.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct PeerCredits {
+    /// Data credits we hold toward the peer.
+    data: u32,
+    /// Control credits we hold toward the peer.
+    ctrl: u32,
+    /// Data slots the peer used in our pool that we released and not yet returned.
+    owed_data: u32,
+    /// Control slots likewise.
+    owed_ctrl: u32,
+    /// Data credits granted to the peer in our pool so far (`c0`, then `S`).
+    granted: u32,
+    /// The peer has sent to us.
+    heard: bool,
+    /// The peer has a smaller ID than ours.
+    lower: bool,
+    /// Reallocation granted the peer more than it has been told.
+    announce: bool,
+}
+
+impl PeerCredits {
+    /// The state at join time toward a peer with a smaller (`lower`) or larger ID.
+    pub fn new(cfg: &CreditConfig, lower: bool) -> Self {
+        Self {
+            // Toward a smaller ID we start with its newcomer credits; toward a larger
+            // one with nothing until its first message brings them.
+            data: if lower { cfg.newcomer } else { 0 },
+            ctrl: cfg.ctrl,
+            // A smaller ID may not send to us until our first message grants it c0.
+            owed_data: if lower { cfg.newcomer } else { 0 },
+            owed_ctrl: 0,
+            granted: cfg.newcomer,
+            heard: false,
+            lower,
+            announce: false,
+        }
+    }
+
+    /// Takes a credit of `class` if the rule and the credits allow.
+    #[inline]
+    pub fn try_take(&mut self, class: Class) -> Gate {
+        if !self.lower && !self.heard && class == Class::Data {
+            return Gate::NotAllowed;
+        }
+        let c = match class {
+            Class::Data => &mut self.data,
+            Class::Ctrl => &mut self.ctrl,
+        };
+        if *c == 0 {
+            Gate::Backpressure
+        } else {
+            *c -= 1;
+            Gate::Go
+        }
+    }
+
+    /// Gives back a credit taken by [`PeerCredits::try_take`] for a send that did not happen.
+    pub fn untake(&mut self, class: Class) {
+        match class {
+            Class::Data => self.data += 1,
+            Class::Ctrl => self.ctrl += 1,
+        }
+    }
+
+    /// Everything owed to the peer, to put in the header of a message to it
+    /// (data credits saturate at `u16::MAX`, control at `u8::MAX`; the rest stays owed).
+    #[inline]
+    pub fn piggyback(&mut self) -> (u16, u8) {
+        self.announce = false;
+        let d = self.owed_data.min(u32::from(u16::MAX));
+        let c = self.owed_ctrl.min(u32::from(u8::MAX));
+        self.owed_data -= d;
+        self.owed_ctrl -= c;
+        (d as u16, c as u8)
+    }
+
+    /// A message from the peer arrived carrying `data` and `ctrl` credits.
+    #[inline]
+    pub fn on_receive(&mut self, data: u16, ctrl: u8) {
+        self.heard = true;
+        self.data += u32::from(data);
+        self.ctrl += u32::from(ctrl);
+    }
+
+    /// We released a slot of `class` that the peer had written.
+    #[inline]
+    pub fn on_release(&mut self, class: Class) {
+        match class {
+            Class::Data => self.owed_data += 1,
+            Class::Ctrl => self.owed_ctrl += 1,
+        }
+    }
+
+    /// Whether an explicit credit message is due (and possible: it needs a
+    /// control credit). Releases are returned explicitly only to peers that
+    /// sent to us; the initial grant to a smaller ID rides on our first message
+    /// (that is the rule: our first message is what lets it send to us).
+    #[inline]
+    pub fn wants_explicit(&self, cfg: &CreditConfig) -> bool {
+        self.ctrl > 0
+            && (self.owed_ctrl >= cfg.ctrl
+                || (self.owed_data >= cfg.threshold && (self.heard || self.announce))
+                || (self.announce && self.owed_data > 0))
+    }
+
+    /// Grants the peer the rest of its slice ("no one else will join").
+    /// Returns the credits added; they travel with the next message or an explicit one.
+    pub fn reallocate(&mut self, cfg: &CreditConfig) -> u32 {
+        let add = cfg.slice - self.granted.min(cfg.slice);
+        self.granted += add;
+        self.owed_data += add;
+        self.announce = add > 0;
+        add
+    }
+
+    /// Whether the rule lets us send data to the peer.
+    pub fn allowed(&self) -> bool {
+        self.lower || self.heard
+    }
+
+    /// Data credits held toward the peer.
+    pub fn data_credits(&self) -> u32 {
+        self.data
+    }
+
+    /// Control credits held toward the peer.
+    pub fn ctrl_credits(&self) -> u32 {
+        self.ctrl
+    }
+
+    /// Credits owed to the peer (data, control).
+    pub fn owed(&self) -> (u32, u32) {
+        (self.owed_data, self.owed_ctrl)
+    }
+
+    /// Data credits granted to the peer in our pool.
+    pub fn granted(&self) -> u32 {
+        self.granted
+    }
+}
+
+#[cfg(test)]
+mod model;
