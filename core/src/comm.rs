@@ -34,6 +34,17 @@ impl Shared {
 
 pub(crate) const NOT_MEMBER: u32 = u32::MAX;
 
+/// What [`Comm::try_send`] did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SendAttempt {
+    /// The message is in the receiver's slot.
+    Sent,
+    /// No credit toward the destination now (or earlier sends to it still wait).
+    Backpressure,
+    /// FM's send rule forbids it yet: the destination has a larger ID and has not sent to us.
+    NotAllowed,
+}
+
 /// An intra-communicator: ranks `0..size`, point-to-point and collectives.
 ///
 /// Each communicator has two contexts, one for point-to-point and one for
@@ -150,6 +161,20 @@ impl Comm {
             let r = r?;
             fin?;
             Ok(r)
+        })
+    }
+
+    /// Sends an eager-sized message now if the credits and FM's send rule allow,
+    /// without queueing it; otherwise says why not (the data is not sent).
+    pub fn try_send<T: Pod>(&self, buf: &[T], dest: u32, tag: i32) -> Result<SendAttempt> {
+        self.sh.check_live("try_send")?;
+        let tag = Self::check_tag(tag)?;
+        let w = self.check_rank("send destination", dest)?;
+        let out = self.sh.engine.borrow_mut().try_send_now(self.ctx, tag, w, bytemuck::cast_slice(buf))?;
+        Ok(match out {
+            fmx_transport::SendOutcome::Sent => SendAttempt::Sent,
+            fmx_transport::SendOutcome::Backpressure => SendAttempt::Backpressure,
+            fmx_transport::SendOutcome::NotAllowed => SendAttempt::NotAllowed,
         })
     }
 

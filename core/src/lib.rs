@@ -49,6 +49,7 @@ mod coll;
 mod comm;
 mod engine;
 mod error;
+mod join;
 pub mod launcher;
 mod scope;
 mod select;
@@ -60,7 +61,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 pub use coll::{Op, Reduce};
 pub use comm::Comm;
+pub use comm::SendAttempt;
 pub use error::{Error, Result};
+pub use fmx_transport::ReceiveMemory;
 pub use scope::{Request, Scope};
 pub use select::TRANSPORT_NAMES;
 pub use status::{Source, Status, Tag, TAG_UB};
@@ -72,12 +75,33 @@ pub struct Fmx {
     world: Comm,
 }
 
-/// Starts fmx from the launcher's environment (fmxrun; or a world of one).
+/// How to start.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct InitOptions {
+    /// Return before the join (FM's dynamic process model): the program calls
+    /// [`Fmx::wait_for_join`] and [`Fmx::reallocate_credits`] itself. Until
+    /// then a process may send only to smaller IDs and to those that sent to it.
+    pub defer_join: bool,
+}
+
+/// Starts fmx from the launcher's environment (fmxrun; or a world of one):
+/// every process joins, then credits are reallocated, so the world is static.
 pub fn init() -> Result<Fmx> {
+    init_with(InitOptions::default())
+}
+
+/// Starts fmx with options.
+pub fn init_with(opts: InitOptions) -> Result<Fmx> {
     if INITIALIZED.swap(true, Ordering::SeqCst) {
         return Err(Error::AlreadyInitialized);
     }
-    let r = init_inner();
+    let r = init_inner().and_then(|f| {
+        if !opts.defer_join {
+            f.wait_for_join(f.world.size())?;
+            f.reallocate_credits()?;
+        }
+        Ok(f)
+    });
     if r.is_err() {
         INITIALIZED.store(false, Ordering::SeqCst);
     }
@@ -108,6 +132,27 @@ impl Fmx {
         &self.world
     }
 
+    /// Waits until processes `0..maxnodes` have joined (FM's `allallsync`):
+    /// notifies every smaller ID, waits for a message from every larger one.
+    pub fn wait_for_join(&self, maxnodes: u32) -> Result<()> {
+        self.world.sh.check_live("wait_for_join")?;
+        join::wait_for_join(&self.world, maxnodes)
+    }
+
+    /// Promises that no one else will join: every peer gets its whole share of
+    /// our eager pool, `P / (N − 1)` slots, so our eager receive memory stays
+    /// `P × slot bytes` whatever the number of peers.
+    pub fn reallocate_credits(&self) -> Result<()> {
+        self.world.sh.check_live("reallocate_credits")?;
+        join::reallocate_credits(&self.world)
+    }
+
+    /// Where this process's receive memory goes.
+    pub fn receive_memory(&self) -> ReceiveMemory {
+        use fmx_transport::Endpoint;
+        self.world.sh.engine.borrow().tp.receive_memory()
+    }
+
     /// Waits for every rank, then shuts the transport down. Communicators
     /// answer [`Error::Finalized`] afterwards.
     pub fn finalize(mut self) -> Result<()> {
@@ -119,19 +164,8 @@ impl Fmx {
         if sh.finalized.get() {
             return Ok(());
         }
-        // Drain sends that still wait for slots: peers may need them to finish.
-        {
-            let mut e = sh.engine.borrow_mut();
-            let mut lend = sh.lend.borrow_mut();
-            let mut spins = 0u32;
-            while e.has_queued() {
-                e.progress(&mut lend)?;
-                spins += 1;
-                if spins > 128 {
-                    std::thread::yield_now();
-                }
-            }
-        }
+        // Drain sends that still wait for credits: peers may need them to finish.
+        sh.engine.borrow_mut().drain_queued(&mut sh.lend.borrow_mut()).map_err(|e| self.world.localize(e))?;
         sh.finalized.set(true);
         let r = sh.boot.borrow_mut().finalize();
         use fmx_transport::Endpoint;

@@ -5,7 +5,7 @@
 
 use fmx_shm::{ShmConfig, ShmEndpoint, ShmSetup};
 use fmx_transport::loopback::Loopback;
-use fmx_transport::{Endpoint, MsgHeader, OpStatus, PeerId, PeerState, RemoteKey, SendOutcome, TransportError};
+use fmx_transport::{Endpoint, MsgHeader, OpStatus, PeerId, PeerState, ReceiveMemory, RemoteKey, SendOutcome, TransportError};
 
 use crate::bootstrap::Bootstrap;
 use crate::error::{Error, Result};
@@ -110,6 +110,12 @@ impl Endpoint for Transport {
     }
     fn peer_state(&mut self, peer: PeerId) -> PeerState {
         dispatch!(self, ep => ep.peer_state(peer))
+    }
+    fn reallocate_credits(&mut self) -> Result<(), TransportError> {
+        dispatch!(self, ep => ep.reallocate_credits())
+    }
+    fn receive_memory(&self) -> ReceiveMemory {
+        dispatch!(self, ep => ep.receive_memory())
     }
     fn finalize(&mut self) -> Result<(), TransportError> {
         dispatch!(self, ep => ep.finalize())

@@ -44,6 +44,16 @@ const SPLIT_MIN: u64 = 128 << 10;
 /// How often a waiter that gets nothing checks whether its peers are alive.
 const LIVENESS_EVERY: Duration = Duration::from_millis(20);
 
+/// The send queue of `dest` for messages of `kind`.
+#[inline]
+fn queue(dest: u32, kind: MsgKind) -> usize {
+    let lane = match kind {
+        MsgKind::Eager | MsgKind::Rts => 0,
+        MsgKind::Cts | MsgKind::Fin | MsgKind::Credit => 1,
+    };
+    2 * dest as usize + lane
+}
+
 /// Context (communicator) and tag packed into the header's match bits.
 #[inline]
 pub(crate) fn match_bits(ctx: u32, tag: u32) -> u64 {
@@ -93,6 +103,8 @@ pub(crate) struct Engine {
     max_eager: usize,
     reqs: Requests,
     matching: Matching,
+    /// Sends waiting for credits: two FIFOs per peer, data (eager, RTS) and
+    /// control (CTS, FIN), so that control never waits behind exhausted data credits.
     outq: Vec<VecDeque<Outgoing>>,
     queued: usize,
     deferred: Vec<Deferred>,
@@ -111,7 +123,7 @@ impl Engine {
             tp,
             reqs: Requests::default(),
             matching: Matching::default(),
-            outq: (0..size).map(|_| VecDeque::new()).collect(),
+            outq: (0..2 * size).map(|_| VecDeque::new()).collect(),
             queued: 0,
             deferred: Vec::new(),
             poison: None,
@@ -130,7 +142,7 @@ impl Engine {
         let req = self.reqs.insert(WaitsOn::Peer(dest), "sending");
         if data.len() <= self.max_eager {
             let header = MsgHeader::eager(bits, data.len(), 0);
-            if self.outq[dest as usize].is_empty() && self.tp.try_send(dest, &header, data)? == SendOutcome::Sent {
+            if self.outq[queue(dest, MsgKind::Eager)].is_empty() && self.tp.try_send(dest, &header, data)? == SendOutcome::Sent {
                 self.reqs.complete(req, RawStatus { src: self.me, tag, sent: data.len() as u64, capacity: data.len() as u64 });
             } else {
                 self.enqueue(dest, Outgoing { header, payload: Payload::Lent(buf), completes: Some(req) });
@@ -179,12 +191,12 @@ impl Engine {
     }
 
     fn enqueue(&mut self, dest: u32, o: Outgoing) {
-        self.outq[dest as usize].push_back(o);
+        self.outq[queue(dest, o.header.kind)].push_back(o);
         self.queued += 1;
     }
 
     fn send_control(&mut self, dest: u32, header: MsgHeader, payload: Payload) -> Result<()> {
-        if self.outq[dest as usize].is_empty() {
+        if self.outq[queue(dest, header.kind)].is_empty() {
             let bytes: &[u8] = match &payload {
                 Payload::Key(k) => k,
                 _ => &[],
@@ -200,8 +212,9 @@ impl Engine {
     /// Sends what waits for slots, in order per peer; returns how many went out.
     fn flush_queued(&mut self, lend: &LendTable) -> Result<usize> {
         let mut sent = 0;
-        for dest in 0..self.outq.len() {
-            while let Some(o) = self.outq[dest].front() {
+        for q in 0..self.outq.len() {
+            let dest = (q / 2) as u32;
+            while let Some(o) = self.outq[q].front() {
                 let bytes: &[u8] = match &o.payload {
                     Payload::None => &[],
                     Payload::Key(k) => k,
@@ -212,13 +225,13 @@ impl Engine {
                             if let Some(r) = o.completes {
                                 self.reqs.fail(r, Error::StaleRequest(r.index()));
                             }
-                            self.outq[dest].pop_front();
+                            self.outq[q].pop_front();
                             self.queued -= 1;
                             continue;
                         }
                     },
                 };
-                if self.tp.try_send(dest as u32, &o.header, bytes)? == SendOutcome::Backpressure {
+                if self.tp.try_send(dest, &o.header, bytes)? != SendOutcome::Sent {
                     break;
                 }
                 if let Some(r) = o.completes {
@@ -226,7 +239,7 @@ impl Engine {
                     let tag = split_bits(o.header.match_bits).1;
                     self.reqs.complete(r, RawStatus { src: self.me, tag, sent: len, capacity: len });
                 }
-                self.outq[dest].pop_front();
+                self.outq[q].pop_front();
                 self.queued -= 1;
                 sent += 1;
             }
@@ -406,9 +419,49 @@ impl Engine {
         self.reqs.discard(id);
     }
 
-    /// Whether any operation still needs progress (queued sends).
-    pub(crate) fn has_queued(&self) -> bool {
-        self.queued > 0
+    /// Drives progress until no send waits for credits; fails if a peer we
+    /// still owe messages is gone.
+    pub(crate) fn drain_queued(&mut self, lend: &mut LendTable) -> Result<()> {
+        let mut idle = 0u32;
+        let mut last_check = Instant::now();
+        while self.queued > 0 {
+            if self.progress(lend)? > 0 {
+                idle = 0;
+                continue;
+            }
+            idle += 1;
+            if idle < self.spin_polls {
+                continue;
+            }
+            std::thread::yield_now();
+            if last_check.elapsed() >= LIVENESS_EVERY {
+                last_check = Instant::now();
+                let dests: Vec<u32> = (0..self.outq.len()).filter(|&q| !self.outq[q].is_empty()).map(|q| (q / 2) as u32).collect();
+                if let Some((peer, state)) = dests.into_iter().find_map(|p| self.gone(p).map(|s| (p, s))) {
+                    return Err(Error::PeerGone {
+                        rank: peer,
+                        world_rank: peer,
+                        during: "finalizing (sends still queued)".into(),
+                        reason: gone_reason(state),
+                    });
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Sends an eager message now or not at all (no queueing).
+    pub(crate) fn try_send_now(&mut self, ctx: u32, tag: u32, dest: u32, data: &[u8]) -> Result<SendOutcome> {
+        if data.len() > self.max_eager {
+            return Err(Error::InvalidCount {
+                what: "try_send",
+                detail: format!("{} bytes exceed the eager limit of {} bytes of this transport", data.len(), self.max_eager),
+            });
+        }
+        if !self.outq[queue(dest, MsgKind::Eager)].is_empty() {
+            return Ok(SendOutcome::Backpressure); // earlier sends to `dest` go first
+        }
+        Ok(self.tp.try_send(dest, &MsgHeader::eager(match_bits(ctx, tag), data.len(), 0), data)?)
     }
 }
 

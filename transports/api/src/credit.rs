@@ -13,18 +13,20 @@
 //! reallocation grants every peer its whole slice ("no one else will join"),
 //! so eager receive memory stays `P × slot` bytes whatever `N` is.
 //!
-//! **Returns.** One credit per eager message. The receiver counts the slots it
-//! released per sender and returns them piggybacked on any message it sends
-//! to that sender (header fields), or in an explicit credit message once
-//! `threshold` of them are owed and no reverse traffic carried them.
+//! **Returns.** One credit per eager message. The receiver counts the slots
+//! it released per sender and returns them piggybacked on any message it
+//! sends to that sender (header fields), or in an explicit credit message once
+//! `threshold` of them are owed and no reverse traffic carried them. Returns
+//! are *cumulative totals* (modulo 2^16 for data, 2^8 for control), so the
+//! newest one supersedes the older ones: the explicit credit message goes to
+//! a per-sender credit mailbox that the transport drains at once and that a
+//! newer total may overwrite (a store into shared memory, an RDMA WRITE, an
+//! `fi_inject_write`). A credit return therefore never needs a credit itself:
+//! no deadlock when both sides run dry at once, and no credit ping-pong.
 //!
-//! **Control reserve.** Rendezvous control (CTS, FIN) and explicit credit
-//! messages travel in a separate reserve of `R ≥ 2` control slots per peer,
-//! so they never wait behind exhausted eager credits. Control credits come
-//! back the same way; an explicit message is also sent when the peer has
-//! handed us all `R` of its control credits. Every message carries everything
-//! owed, which (with `R ≥ 2`) rules out both deadlock and endless credit
-//! ping-pong (see the exhaustive model test below).
+//! **Control reserve.** Rendezvous control messages (CTS, FIN) travel in a
+//! separate reserve of `R` control slots per peer, so they never wait behind
+//! exhausted eager credits; their credits come back the same ways.
 
 /// Which reserve a message uses.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -79,9 +81,14 @@ pub struct PeerCredits {
     data: u32,
     /// Control credits we hold toward the peer.
     ctrl: u32,
-    /// Data slots the peer used in our pool that we released and not yet returned.
+    /// The newest cumulative totals the peer returned to us (modular).
+    seen_data: u16,
+    seen_ctrl: u8,
+    /// Cumulative totals we returned (or granted) to the peer.
+    returned_data: u32,
+    returned_ctrl: u32,
+    /// Released (or granted) but not yet announced to the peer.
     owed_data: u32,
-    /// Control slots likewise.
     owed_ctrl: u32,
     /// Data credits granted to the peer in our pool so far (`c0`, then `S`).
     granted: u32,
@@ -101,7 +108,13 @@ impl PeerCredits {
             // one with nothing until its first message brings them.
             data: if lower { cfg.newcomer } else { 0 },
             ctrl: cfg.ctrl,
-            // A smaller ID may not send to us until our first message grants it c0.
+            // The c0 we hold toward a smaller ID is what its side counts as returned.
+            seen_data: if lower { cfg.newcomer as u16 } else { 0 },
+            seen_ctrl: 0,
+            // A larger ID starts with our c0 (it counts as returned); a smaller ID
+            // may not send to us until our first message grants it c0.
+            returned_data: if lower { 0 } else { cfg.newcomer },
+            returned_ctrl: 0,
             owed_data: if lower { cfg.newcomer } else { 0 },
             owed_ctrl: 0,
             granted: cfg.newcomer,
@@ -129,32 +142,44 @@ impl PeerCredits {
         }
     }
 
-    /// Gives back a credit taken by [`PeerCredits::try_take`] for a send that did not happen.
-    pub fn untake(&mut self, class: Class) {
-        match class {
-            Class::Data => self.data += 1,
-            Class::Ctrl => self.ctrl += 1,
-        }
-    }
-
-    /// Everything owed to the peer, to put in the header of a message to it
-    /// (data credits saturate at `u16::MAX`, control at `u8::MAX`; the rest stays owed).
+    /// Announces everything owed: the cumulative totals to put in the header
+    /// of a message to the peer.
     #[inline]
     pub fn piggyback(&mut self) -> (u16, u8) {
         self.announce = false;
-        let d = self.owed_data.min(u32::from(u16::MAX));
-        let c = self.owed_ctrl.min(u32::from(u8::MAX));
-        self.owed_data -= d;
-        self.owed_ctrl -= c;
-        (d as u16, c as u8)
+        self.returned_data = self.returned_data.wrapping_add(self.owed_data);
+        self.returned_ctrl = self.returned_ctrl.wrapping_add(self.owed_ctrl);
+        self.owed_data = 0;
+        self.owed_ctrl = 0;
+        (self.returned_data as u16, self.returned_ctrl as u8)
     }
 
-    /// A message from the peer arrived carrying `data` and `ctrl` credits.
+    /// The totals for an explicit credit message (the same as [`PeerCredits::piggyback`]).
+    pub fn explicit(&mut self) -> (u16, u8) {
+        self.piggyback()
+    }
+
+    /// A message from the peer arrived carrying its cumulative totals.
     #[inline]
-    pub fn on_receive(&mut self, data: u16, ctrl: u8) {
+    pub fn on_receive(&mut self, data_total: u16, ctrl_total: u8) {
         self.heard = true;
-        self.data += u32::from(data);
-        self.ctrl += u32::from(ctrl);
+        self.on_credit(data_total, ctrl_total);
+    }
+
+    /// Totals from an explicit credit message (it does not count as hearing
+    /// from the peer: it is not an application message).
+    #[inline]
+    pub fn on_credit(&mut self, data_total: u16, ctrl_total: u8) {
+        let d = data_total.wrapping_sub(self.seen_data);
+        if d != 0 && d < 0x8000 {
+            self.data += u32::from(d);
+            self.seen_data = data_total;
+        }
+        let c = ctrl_total.wrapping_sub(self.seen_ctrl);
+        if c != 0 && c < 0x80 {
+            self.ctrl += u32::from(c);
+            self.seen_ctrl = ctrl_total;
+        }
     }
 
     /// We released a slot of `class` that the peer had written.
@@ -166,16 +191,13 @@ impl PeerCredits {
         }
     }
 
-    /// Whether an explicit credit message is due (and possible: it needs a
-    /// control credit). Releases are returned explicitly only to peers that
-    /// sent to us; the initial grant to a smaller ID rides on our first message
-    /// (that is the rule: our first message is what lets it send to us).
+    /// Whether an explicit credit message is due. Releases are returned
+    /// explicitly only to peers that sent to us; the initial grant to a smaller
+    /// ID rides on our first message (that is the rule: our first message is
+    /// what lets it send to us).
     #[inline]
     pub fn wants_explicit(&self, cfg: &CreditConfig) -> bool {
-        self.ctrl > 0
-            && (self.owed_ctrl >= cfg.ctrl
-                || (self.owed_data >= cfg.threshold && (self.heard || self.announce))
-                || (self.announce && self.owed_data > 0))
+        (self.heard || self.announce) && (self.owed_data >= cfg.threshold || self.owed_ctrl > 0 || (self.announce && self.owed_data > 0))
     }
 
     /// Grants the peer the rest of its slice ("no one else will join").
@@ -203,7 +225,7 @@ impl PeerCredits {
         self.ctrl
     }
 
-    /// Credits owed to the peer (data, control).
+    /// Credits owed to the peer and not yet announced (data, control).
     pub fn owed(&self) -> (u32, u32) {
         (self.owed_data, self.owed_ctrl)
     }

@@ -15,6 +15,22 @@ pub enum SendOutcome {
     /// The receiver has no free slot for this sender right now; drive
     /// [`Endpoint::poll`] and try again.
     Backpressure,
+    /// FM's send rule does not allow it yet: the peer has a larger ID and has
+    /// not sent to us. Drive [`Endpoint::poll`]; its first message opens the way.
+    NotAllowed,
+}
+
+/// A process's receive memory, by purpose (bytes).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ReceiveMemory {
+    /// The eager pool shared by all peers (fixed by configuration, not by the number of peers).
+    pub eager_pool: usize,
+    /// The eager slots each peer may use after reallocation (`slice × slot`).
+    pub per_peer: usize,
+    /// The control reserve (a few small slots per peer).
+    pub control: usize,
+    /// Slots for messages to ourselves.
+    pub own: usize,
 }
 
 /// Whether a one-sided operation finished inside the call.
@@ -130,6 +146,13 @@ pub trait Endpoint: Send {
     /// What is known of `peer`'s process. May cost a system call: call it
     /// while waiting, not per message.
     fn peer_state(&mut self, peer: PeerId) -> PeerState;
+
+    /// Grants every peer its whole share of our eager pool ("no one else will
+    /// join"); called once after every process has joined.
+    fn reallocate_credits(&mut self) -> Result<(), TransportError>;
+
+    /// Where our receive memory goes.
+    fn receive_memory(&self) -> ReceiveMemory;
 
     /// Announces that this process sends nothing more (peers see
     /// [`PeerState::Finalized`]) and releases transport resources.

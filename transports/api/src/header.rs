@@ -7,8 +7,8 @@
 //! | bytes  | field        | meaning |
 //! |--------|--------------|---------|
 //! | 0      | `kind`       | [`MsgKind`] |
-//! | 1      | `flags`      | reserved, zero |
-//! | 2..4   | `credits`    | credits piggybacked toward the receiver |
+//! | 1      | `ctrl_credits` | control credits returned to the receiver |
+//! | 2..4   | `credits`    | data credits returned to the receiver |
 //! | 4..8   | `payload_len`| bytes that follow the header in this message |
 //! | 8..16  | `match_bits` | opaque to transports (fmx: context and tag) |
 //! | 16..24 | `len`        | total message length (rendezvous: the whole buffer) |
@@ -51,8 +51,10 @@ impl MsgKind {
 pub struct MsgHeader {
     /// What the message is.
     pub kind: MsgKind,
-    /// Credits returned to the receiver of this message.
+    /// Data credits returned to the receiver of this message (set by the transport).
     pub credits: u16,
+    /// Control credits returned to the receiver of this message (set by the transport).
+    pub ctrl_credits: u8,
     /// Bytes of payload that follow the header in this message.
     pub payload_len: u32,
     /// Opaque matching information (fmx: context id and tag).
@@ -72,9 +74,6 @@ pub enum HeaderError {
     /// Unknown kind byte.
     #[error("unknown message kind {0}")]
     UnknownKind(u8),
-    /// Flags that this version does not know.
-    #[error("unknown header flags {0:#x}")]
-    UnknownFlags(u8),
     /// An eager message whose payload length and total length disagree.
     #[error("eager message with payload_len {payload_len} but len {len}")]
     LengthMismatch {
@@ -88,19 +87,27 @@ pub enum HeaderError {
 impl MsgHeader {
     /// An eager header for `payload_len` bytes of data.
     pub fn eager(match_bits: u64, payload_len: usize, cookie: u64) -> Self {
-        Self { kind: MsgKind::Eager, credits: 0, payload_len: payload_len as u32, match_bits, len: payload_len as u64, cookie }
+        Self {
+            kind: MsgKind::Eager,
+            credits: 0,
+            ctrl_credits: 0,
+            payload_len: payload_len as u32,
+            match_bits,
+            len: payload_len as u64,
+            cookie,
+        }
     }
 
     /// A control header (`Rts`, `Cts`, `Fin`, `Credit`) with a payload of `payload_len` bytes.
     pub fn control(kind: MsgKind, match_bits: u64, len: u64, cookie: u64, payload_len: usize) -> Self {
-        Self { kind, credits: 0, payload_len: payload_len as u32, match_bits, len, cookie }
+        Self { kind, credits: 0, ctrl_credits: 0, payload_len: payload_len as u32, match_bits, len, cookie }
     }
 
     /// Writes the header into `out`.
     #[inline]
     pub fn encode(&self, out: &mut [u8; HEADER_BYTES]) {
         out[0] = self.kind as u8;
-        out[1] = 0;
+        out[1] = self.ctrl_credits;
         out[2..4].copy_from_slice(&self.credits.to_le_bytes());
         out[4..8].copy_from_slice(&self.payload_len.to_le_bytes());
         out[8..16].copy_from_slice(&self.match_bits.to_le_bytes());
@@ -115,13 +122,11 @@ impl MsgHeader {
             return Err(HeaderError::Truncated(b.len()));
         };
         let kind = MsgKind::from_u8(b[0]).ok_or(HeaderError::UnknownKind(b[0]))?;
-        if b[1] != 0 {
-            return Err(HeaderError::UnknownFlags(b[1]));
-        }
         let u64_at = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().expect("8 bytes"));
         let h = Self {
             kind,
             credits: u16::from_le_bytes([b[2], b[3]]),
+            ctrl_credits: b[1],
             payload_len: u32::from_le_bytes(b[4..8].try_into().expect("4 bytes")),
             match_bits: u64_at(8),
             len: u64_at(16),
@@ -145,6 +150,7 @@ mod tests {
             let h = MsgHeader {
                 kind,
                 credits: 513,
+                ctrl_credits: 2,
                 payload_len: if kind == MsgKind::Eager { 77 } else { 24 },
                 match_bits: 0xdead_beef_0000_0007,
                 len,
@@ -164,9 +170,6 @@ mod tests {
         buf[0] = 99;
         assert_eq!(MsgHeader::decode(&buf), Err(HeaderError::UnknownKind(99)));
         buf[0] = 1;
-        buf[1] = 4;
-        assert_eq!(MsgHeader::decode(&buf), Err(HeaderError::UnknownFlags(4)));
-        buf[1] = 0;
         buf[16] = 9; // len 9 != payload_len 8
         assert!(matches!(MsgHeader::decode(&buf), Err(HeaderError::LengthMismatch { .. })));
     }

@@ -38,6 +38,6 @@ pub mod lend;
 pub mod loopback;
 pub mod pool;
 
-pub use endpoint::{Endpoint, OpStatus, PeerId, PeerState, RemoteKey, SendOutcome};
+pub use endpoint::{Endpoint, OpStatus, PeerId, PeerState, ReceiveMemory, RemoteKey, SendOutcome};
 pub use error::TransportError;
 pub use header::{MsgHeader, MsgKind, HEADER_BYTES};

@@ -103,6 +103,14 @@ impl Endpoint for Loopback {
         }
     }
 
+    fn reallocate_credits(&mut self) -> Result<(), TransportError> {
+        Ok(())
+    }
+
+    fn receive_memory(&self) -> crate::ReceiveMemory {
+        crate::ReceiveMemory::default()
+    }
+
     fn finalize(&mut self) -> Result<(), TransportError> {
         self.finalized = true;
         Ok(())

@@ -3,19 +3,22 @@
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 
-use fmx_transport::{Endpoint, MsgHeader, OpStatus, PeerId, PeerState, RemoteKey, SendOutcome, TransportError};
+use fmx_transport::credit::{Class, CreditConfig, Gate, PeerCredits};
+use fmx_transport::{Endpoint, MsgHeader, MsgKind, OpStatus, PeerId, PeerState, ReceiveMemory, RemoteKey, SendOutcome, TransportError};
 
 use crate::cma;
-use crate::layout::{state, Layout};
+use crate::layout::{state, Layout, CTRL_SLOTS, OWN_SLOTS};
 use crate::liveness::PeerWatch;
 use crate::ring::{RxRing, TxRing};
 use crate::segment::{segment_path, shm_dir, validate_job_id, Segment};
 
-/// Default slots per inbound ring (credits per sender).
-pub const DEFAULT_SLOTS: u32 = 16;
+/// Default eager pool per process, in slots (`P`), shared by all peers.
+pub const DEFAULT_POOL_SLOTS: u32 = 64;
 /// Default bytes per slot: eager messages up to this minus 40 bytes of header;
-/// larger ones move with one `process_vm_readv`.
+/// larger ones move with `process_vm_readv`.
 pub const DEFAULT_SLOT_BYTES: usize = 16 << 10;
+/// Default newcomer credits (`c0`): slots of its slice a peer may use before reallocation.
+pub const DEFAULT_NEWCOMER_CREDITS: u32 = 2;
 
 /// How to build the endpoint.
 #[derive(Clone, Debug)]
@@ -26,21 +29,26 @@ pub struct ShmConfig {
     pub rank: u32,
     /// Processes in the job.
     pub size: u32,
-    /// Slots per inbound ring.
-    pub slots: u32,
+    /// Eager pool slots (`P`), divided evenly among the peers.
+    pub pool: u32,
     /// Bytes per slot.
     pub slot_bytes: usize,
+    /// Newcomer credits (`c0`).
+    pub newcomer: u32,
+    /// Owed credits that trigger an explicit credit message (`None`: half the slice).
+    pub threshold: Option<u32>,
     /// Directory of the segment files.
     pub dir: PathBuf,
 }
 
 impl ShmConfig {
-    /// Defaults, overridden by `FMX_SHM_SLOTS`, `FMX_SHM_SLOT_BYTES` and `FMX_SHM_DIR`.
+    /// Defaults, overridden by `FMX_SHM_POOL_SLOTS`, `FMX_SHM_SLOT_BYTES`,
+    /// `FMX_NEWCOMER_CREDITS`, `FMX_CREDIT_THRESHOLD` and `FMX_SHM_DIR`.
     pub fn from_env(job: &str, rank: u32, size: u32) -> Result<Self, TransportError> {
-        let num = |var: &str, default: usize| -> Result<usize, TransportError> {
+        let num = |var: &str| -> Result<Option<usize>, TransportError> {
             match std::env::var(var) {
-                Err(_) => Ok(default),
-                Ok(v) => v.trim().parse::<usize>().ok().filter(|&n| n > 0).ok_or_else(|| TransportError::Setup {
+                Err(_) => Ok(None),
+                Ok(v) => v.trim().parse::<usize>().ok().filter(|&n| n > 0).map(Some).ok_or_else(|| TransportError::Setup {
                     what: format!("{var}={v:?} is not a positive integer"),
                     source: std::io::Error::from(std::io::ErrorKind::InvalidInput),
                 }),
@@ -50,14 +58,26 @@ impl ShmConfig {
             job: job.to_owned(),
             rank,
             size,
-            slots: num("FMX_SHM_SLOTS", DEFAULT_SLOTS as usize)? as u32,
-            slot_bytes: num("FMX_SHM_SLOT_BYTES", DEFAULT_SLOT_BYTES)?,
+            pool: num("FMX_SHM_POOL_SLOTS")?.map_or(DEFAULT_POOL_SLOTS, |n| n as u32),
+            slot_bytes: num("FMX_SHM_SLOT_BYTES")?.unwrap_or(DEFAULT_SLOT_BYTES),
+            newcomer: num("FMX_NEWCOMER_CREDITS")?.map_or(DEFAULT_NEWCOMER_CREDITS, |n| n as u32),
+            threshold: num("FMX_CREDIT_THRESHOLD")?.map(|n| n as u32),
             dir: shm_dir(),
         })
     }
 
     fn layout(&self) -> Layout {
-        Layout::new(self.size, self.slots, self.slot_bytes)
+        Layout::new(self.size, self.pool, self.slot_bytes)
+    }
+
+    fn credits(&self) -> Result<CreditConfig, TransportError> {
+        let l = self.layout();
+        let mut c = CreditConfig::for_pool(self.pool, l.peers(), self.newcomer, self.threshold).map_err(|what| TransportError::Setup {
+            what: format!("{what} (set FMX_SHM_POOL_SLOTS to at least {})", l.peers()),
+            source: std::io::Error::from(std::io::ErrorKind::InvalidInput),
+        })?;
+        c.ctrl = CTRL_SLOTS;
+        Ok(c)
     }
 }
 
@@ -65,6 +85,7 @@ impl ShmConfig {
 /// through the bootstrap, then [`ShmSetup::connect`] with everyone's.
 pub struct ShmSetup {
     cfg: ShmConfig,
+    credit: CreditConfig,
     own: Segment,
 }
 
@@ -72,9 +93,10 @@ impl ShmSetup {
     /// Creates our segment file.
     pub fn create(cfg: ShmConfig) -> Result<Self, TransportError> {
         validate_job_id(&cfg.job)?;
+        let credit = cfg.credits()?;
         let path = segment_path(&cfg.dir, &cfg.job, cfg.rank);
         let own = Segment::create(path, cfg.rank, cfg.layout())?;
-        Ok(Self { cfg, own })
+        Ok(Self { cfg, credit, own })
     }
 
     /// What peers need to reach us: our pid (4 bytes, little-endian).
@@ -84,7 +106,7 @@ impl ShmSetup {
 
     /// Maps every peer's segment. `addresses[r]` is rank r's [`ShmSetup::address`].
     pub fn connect(self, addresses: &[Vec<u8>]) -> Result<ShmEndpoint, TransportError> {
-        let Self { cfg, own } = self;
+        let Self { cfg, credit, own } = self;
         if addresses.len() != cfg.size as usize {
             return Err(TransportError::Setup {
                 what: format!("shm connect got {} addresses for a job of {}", addresses.len(), cfg.size),
@@ -92,6 +114,7 @@ impl ShmSetup {
             });
         }
         let layout = cfg.layout();
+        let me = cfg.rank;
         let mut peers = Vec::with_capacity(cfg.size as usize);
         let mut pids = Vec::with_capacity(cfg.size as usize);
         for (r, addr) in addresses.iter().enumerate() {
@@ -100,7 +123,7 @@ impl ShmSetup {
                 .get(..4)
                 .map(|b| u32::from_le_bytes(b.try_into().expect("4 bytes")))
                 .ok_or(TransportError::Malformed { peer: r, what: "shm address shorter than 4 bytes" })?;
-            if r == cfg.rank {
+            if r == me {
                 peers.push(None);
             } else {
                 let seg = Segment::open(segment_path(&cfg.dir, &cfg.job, r), r, layout)?;
@@ -114,12 +137,22 @@ impl ShmSetup {
             }
             pids.push(pid);
         }
+        let own_ring = layout.own_ring();
         Ok(ShmEndpoint {
-            rank: cfg.rank,
+            rank: me,
             size: cfg.size,
             max_eager: layout.max_payload(),
-            tx: (0..cfg.size).map(|_| TxRing::new(cfg.rank, layout.slots)).collect(),
-            rx: (0..cfg.size).map(RxRing::new).collect(),
+            max_ctrl: layout.ctrl_ring(0).max_payload(),
+            layout,
+            credit,
+            tx_data: (0..cfg.size).map(|r| TxRing::new(if r == me { own_ring } else { layout.data_ring(r, me) })).collect(),
+            tx_ctrl: (0..cfg.size).map(|_| TxRing::new(layout.ctrl_ring(me))).collect(),
+            rx_data: (0..cfg.size).map(|r| RxRing::new(if r == me { own_ring } else { layout.data_ring(me, r) })).collect(),
+            rx_ctrl: (0..cfg.size).map(|r| RxRing::new(layout.ctrl_ring(r))).collect(),
+            credits: (0..cfg.size).map(|r| PeerCredits::new(&credit, r < me)).collect(),
+            own_credits: OWN_SLOTS,
+            explicit_due: false,
+            reallocated: false,
             watches: pids.iter().map(|&p| PeerWatch::new(p)).collect(),
             pids,
             peers,
@@ -135,14 +168,32 @@ pub struct ShmEndpoint {
     rank: u32,
     size: u32,
     max_eager: usize,
+    max_ctrl: usize,
+    layout: Layout,
+    credit: CreditConfig,
     own: Segment,
     peers: Vec<Option<Segment>>,
-    tx: Vec<TxRing>,
-    rx: Vec<RxRing>,
+    tx_data: Vec<TxRing>,
+    tx_ctrl: Vec<TxRing>,
+    rx_data: Vec<RxRing>,
+    rx_ctrl: Vec<RxRing>,
+    credits: Vec<PeerCredits>,
+    /// Free slots of the ring to ourselves.
+    own_credits: u32,
+    /// Something arrived since the last look at explicit credit returns.
+    explicit_due: bool,
+    reallocated: bool,
     pids: Vec<u32>,
     watches: Vec<PeerWatch>,
     poll_from: u32,
     unlinked: bool,
+}
+
+fn class_of(kind: MsgKind) -> Class {
+    match kind {
+        MsgKind::Eager | MsgKind::Rts => Class::Data,
+        MsgKind::Cts | MsgKind::Fin | MsgKind::Credit => Class::Ctrl,
+    }
 }
 
 impl ShmEndpoint {
@@ -155,9 +206,14 @@ impl ShmEndpoint {
         }
     }
 
-    /// Bytes of receive memory this process owns (its segment).
-    pub fn receive_bytes(&self) -> usize {
-        self.own.layout().segment_bytes()
+    /// The credit state toward `peer` (for tests and reports).
+    pub fn credits(&self, peer: PeerId) -> Option<&PeerCredits> {
+        self.credits.get(peer as usize).filter(|_| peer != self.rank)
+    }
+
+    /// The credit sizing of this job.
+    pub fn credit_config(&self) -> CreditConfig {
+        self.credit
     }
 
     fn segment_of(&self, peer: PeerId) -> &Segment {
@@ -170,6 +226,27 @@ impl ShmEndpoint {
         } else {
             Err(TransportError::NoSuchPeer { peer, size: self.size })
         }
+    }
+
+    /// Sends an explicit credit message to every peer that is owed enough: the
+    /// cumulative totals, stored into our mailbox in its segment (a newer total
+    /// overwrites an unread older one, so this needs no credit itself).
+    fn return_credits(&mut self) {
+        self.explicit_due = false;
+        for p in 0..self.size {
+            if p == self.rank || !self.credits[p as usize].wants_explicit(&self.credit) {
+                continue;
+            }
+            let (d, k) = self.credits[p as usize].explicit();
+            let seg = self.peers[p as usize].as_ref().expect("a peer's segment");
+            seg.u64_at(self.layout.mailbox(self.rank)).store(u64::from(d) | (u64::from(k) << 32), Ordering::Release);
+        }
+    }
+
+    /// Applies the totals that `peer` left in our mailbox for it.
+    fn read_mailbox(&mut self, peer: PeerId) {
+        let v = self.own.u64_at(self.layout.mailbox(peer)).load(Ordering::Acquire);
+        self.credits[peer as usize].on_credit(v as u16, (v >> 32) as u8);
     }
 }
 
@@ -196,18 +273,38 @@ impl Endpoint for ShmEndpoint {
     #[inline]
     fn try_send(&mut self, peer: PeerId, header: &MsgHeader, payload: &[u8]) -> Result<SendOutcome, TransportError> {
         self.check_peer(peer)?;
-        if payload.len() > self.max_eager {
-            return Err(TransportError::EagerTooLarge { len: payload.len(), max: self.max_eager });
+        let class = class_of(header.kind);
+        let max = if class == Class::Data || peer == self.rank { self.max_eager } else { self.max_ctrl };
+        if payload.len() > max {
+            return Err(TransportError::EagerTooLarge { len: payload.len(), max });
         }
-        let seg = match &self.peers[peer as usize] {
-            Some(s) => s,
-            None => &self.own,
-        };
-        if self.tx[peer as usize].try_send(seg, header, payload) {
-            Ok(SendOutcome::Sent)
-        } else {
-            Ok(SendOutcome::Backpressure)
+        let p = peer as usize;
+        if peer == self.rank {
+            if self.own_credits == 0 {
+                return Ok(SendOutcome::Backpressure);
+            }
+            self.own_credits -= 1;
+            self.tx_data[p].write(&self.own, header, payload);
+            return Ok(SendOutcome::Sent);
         }
+        let mut gate = self.credits[p].try_take(class);
+        if gate == Gate::Backpressure {
+            // Out of credits: look whether the peer returned some explicitly.
+            self.read_mailbox(peer);
+            gate = self.credits[p].try_take(class);
+        }
+        match gate {
+            Gate::Go => {}
+            Gate::Backpressure => return Ok(SendOutcome::Backpressure),
+            Gate::NotAllowed => return Ok(SendOutcome::NotAllowed),
+        }
+        let c = &mut self.credits[p];
+        let mut h = *header;
+        (h.credits, h.ctrl_credits) = c.piggyback();
+        let seg = self.peers[p].as_ref().expect("a peer's segment");
+        let tx = if class == Class::Data { &mut self.tx_data[p] } else { &mut self.tx_ctrl[p] };
+        tx.write(seg, &h, payload);
+        Ok(SendOutcome::Sent)
     }
 
     #[inline]
@@ -219,23 +316,43 @@ impl Endpoint for ShmEndpoint {
         let size = self.size;
         for k in 0..size {
             let peer = (self.poll_from + k) % size;
-            let ring = &mut self.rx[peer as usize];
-            while n < max {
-                let Some(slot) = ring.peek(&self.own) else {
-                    break;
-                };
-                match slot.header {
-                    Ok(h) => sink(peer, &h, slot.payload),
-                    Err(_) => {
-                        ring.release(&self.own);
-                        return Err(TransportError::Malformed { peer, what: "undecodable header in a shared-memory slot" });
-                    }
+            let p = peer as usize;
+            let own_ring = peer == self.rank;
+            for class in [Class::Ctrl, Class::Data] {
+                if own_ring && class == Class::Ctrl {
+                    continue;
                 }
-                ring.release(&self.own);
-                n += 1;
+                let ring = if class == Class::Data { &mut self.rx_data[p] } else { &mut self.rx_ctrl[p] };
+                while n < max {
+                    let Some(slot) = ring.peek(&self.own) else { break };
+                    let h = match slot.header {
+                        Ok(h) => h,
+                        Err(_) => {
+                            ring.release();
+                            return Err(TransportError::Malformed { peer, what: "undecodable header in a shared-memory slot" });
+                        }
+                    };
+                    if !own_ring {
+                        self.credits[p].on_receive(h.credits, h.ctrl_credits);
+                    }
+                    if h.kind != MsgKind::Credit {
+                        sink(peer, &h, slot.payload);
+                    }
+                    ring.release();
+                    if own_ring {
+                        self.own_credits += 1;
+                    } else {
+                        self.credits[p].on_release(class);
+                        self.explicit_due = true;
+                    }
+                    n += 1;
+                }
             }
         }
         self.poll_from = (self.poll_from + 1) % size;
+        if self.explicit_due {
+            self.return_credits();
+        }
         Ok(n)
     }
 
@@ -283,6 +400,28 @@ impl Endpoint for ShmEndpoint {
         }
     }
 
+    fn reallocate_credits(&mut self) -> Result<(), TransportError> {
+        if self.reallocated {
+            return Ok(());
+        }
+        self.reallocated = true;
+        for p in (0..self.size).filter(|&p| p != self.rank) {
+            self.credits[p as usize].reallocate(&self.credit);
+        }
+        self.return_credits();
+        Ok(())
+    }
+
+    fn receive_memory(&self) -> ReceiveMemory {
+        let l = self.layout;
+        ReceiveMemory {
+            eager_pool: l.pool_bytes(),
+            per_peer: l.slice() as usize * l.slot_bytes,
+            control: l.ctrl_bytes(),
+            own: OWN_SLOTS as usize * l.slot_bytes,
+        }
+    }
+
     fn finalize(&mut self) -> Result<(), TransportError> {
         self.own.state().store(state::FINALIZED, Ordering::Release);
         self.unlink();
@@ -293,12 +432,12 @@ impl Endpoint for ShmEndpoint {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use fmx_transport::MsgKind;
 
-    fn pair(job: &str, slots: u32) -> (ShmEndpoint, ShmEndpoint, PathBuf) {
+    fn pair(job: &str, pool: u32, newcomer: u32) -> (ShmEndpoint, ShmEndpoint, PathBuf) {
         let dir = std::env::temp_dir().join(format!("fmx-shm-test-{job}-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
-        let cfg = |rank| ShmConfig { job: job.into(), rank, size: 2, slots, slot_bytes: 256, dir: dir.clone() };
+        let cfg =
+            |rank| ShmConfig { job: job.into(), rank, size: 2, pool, slot_bytes: 256, newcomer, threshold: Some(1), dir: dir.clone() };
         let a = ShmSetup::create(cfg(0)).unwrap();
         let b = ShmSetup::create(cfg(1)).unwrap();
         let addrs = vec![a.address(), b.address()];
@@ -316,31 +455,57 @@ mod tests {
         got
     }
 
+    fn eager(bits: u64, data: &[u8]) -> MsgHeader {
+        MsgHeader::eager(bits, data.len(), 0)
+    }
+
     #[test]
-    fn messages_arrive_in_order_and_backpressure_never_overwrites() {
-        let (mut a, mut b, dir) = pair("order", 2);
+    fn the_send_rule_credits_and_backpressure() {
+        let (mut a, mut b, dir) = pair("rule", 4, 1);
         let max = a.max_eager();
         assert_eq!(max, 256 - 40);
-        for i in 0..2u64 {
-            assert_eq!(a.try_send(1, &MsgHeader::eager(i, 3, 0), &[i as u8; 3]).unwrap(), SendOutcome::Sent);
+        // Rank 0 may not send to rank 1 before hearing from it; rank 1 may send to 0 (c0 = 1).
+        assert_eq!(a.try_send(1, &eager(9, &[9]), &[9]).unwrap(), SendOutcome::NotAllowed);
+        assert_eq!(b.try_send(0, &eager(0, &[0; 3]), &[0; 3]).unwrap(), SendOutcome::Sent);
+        assert_eq!(b.try_send(0, &eager(1, &[1]), &[1]).unwrap(), SendOutcome::Backpressure, "only c0 before reallocation");
+        assert!(matches!(b.try_send(0, &eager(9, &vec![0; max + 1]), &vec![0; max + 1]), Err(TransportError::EagerTooLarge { .. })));
+        assert!(matches!(b.try_send(2, &eager(9, &[]), &[]), Err(TransportError::NoSuchPeer { peer: 2, size: 2 })));
+        assert_eq!(drain(&mut a), vec![(1, 0, vec![0; 3])]);
+        // The first message brought rank 0 its c0 toward rank 1; the release went back explicitly (threshold 1).
+        assert_eq!(a.credits(1).unwrap().data_credits(), 1);
+        assert_eq!(a.credits(1).unwrap().owed(), (0, 0));
+        assert_eq!(a.try_send(1, &eager(5, &[5; 7]), &[5; 7]).unwrap(), SendOutcome::Sent);
+        assert_eq!(drain(&mut b), vec![(0, 5, vec![5; 7])], "the credit message is consumed by the transport");
+        assert_eq!(b.try_send(0, &eager(1, &[1]), &[1]).unwrap(), SendOutcome::Sent, "credit came back");
+        // Reallocation: each side grants the whole slice (4) and announces it.
+        a.reallocate_credits().unwrap();
+        b.reallocate_credits().unwrap();
+        drain(&mut a);
+        drain(&mut b);
+        drain(&mut a);
+        // The grants sit in the mailboxes until a sender runs short and looks.
+        for i in 0..4u8 {
+            assert_eq!(a.try_send(1, &eager(u64::from(i), &[i]), &[i]).unwrap(), SendOutcome::Sent, "the whole slice after reallocation");
         }
-        // Two slots, both unreleased: the third send must not write.
-        assert_eq!(a.try_send(1, &MsgHeader::eager(2, 1, 0), &[2]).unwrap(), SendOutcome::Backpressure);
-        assert!(matches!(a.try_send(1, &MsgHeader::eager(9, max + 1, 0), &vec![0; max + 1]), Err(TransportError::EagerTooLarge { .. })));
-        assert!(matches!(a.try_send(2, &MsgHeader::eager(9, 0, 0), &[]), Err(TransportError::NoSuchPeer { peer: 2, size: 2 })));
-        assert_eq!(drain(&mut b), vec![(0, 0, vec![0; 3]), (0, 1, vec![1; 3])]);
-        assert_eq!(a.try_send(1, &MsgHeader::eager(2, max, 0), &vec![7; max]).unwrap(), SendOutcome::Sent);
-        // self-send through our own ring
-        assert_eq!(b.try_send(1, &MsgHeader::eager(5, 0, 0), &[]).unwrap(), SendOutcome::Sent);
-        let got = drain(&mut b);
-        assert_eq!(got.len(), 2);
-        assert!(got.contains(&(0, 2, vec![7; max])) && got.contains(&(1, 5, vec![])));
+        assert_eq!(a.try_send(1, &eager(9, &[9]), &[9]).unwrap(), SendOutcome::Backpressure);
+        assert_eq!(drain(&mut b).len(), 4);
+        for i in 0..4u8 {
+            assert_eq!(b.try_send(0, &eager(u64::from(i), &[i]), &[i]).unwrap(), SendOutcome::Sent);
+        }
+        assert_eq!(b.try_send(0, &eager(9, &[9]), &[9]).unwrap(), SendOutcome::Backpressure, "never a fifth write into 4 slots");
+        let got = drain(&mut a);
+        assert_eq!(got.iter().map(|m| m.2[0]).collect::<Vec<_>>(), vec![0, 1, 2, 3], "in order");
+        // Messages to ourselves use the own ring.
+        assert_eq!(b.try_send(1, &eager(7, &[]), &[]).unwrap(), SendOutcome::Sent);
+        assert_eq!(drain(&mut b), vec![(1, 7, vec![])]);
+        let mem = a.receive_memory();
+        assert_eq!((mem.eager_pool, mem.per_peer), (4 * 256, 4 * 256));
         std::fs::remove_dir_all(dir).unwrap();
     }
 
     #[test]
     fn single_copy_read_and_write_and_bounds() {
-        let (mut a, mut b, dir) = pair("cma", 4);
+        let (mut a, mut b, dir) = pair("cma", 4, 2);
         let src: Vec<u8> = (0..100_000u32).map(|i| (i * 7) as u8).collect();
         let key = a.expose(&src).unwrap();
         let mut dst = vec![0u8; src.len()];
@@ -353,9 +518,13 @@ mod tests {
         let mut big = vec![0u8; 11];
         assert!(matches!(b.read(0, &tkey, &mut big), Err(TransportError::RemoteBounds { len: 11, region: 10, .. })));
         let h = MsgHeader::control(MsgKind::Rts, 1, 5, 2, RemoteKey::BYTES);
-        assert_eq!(a.try_send(1, &h, &key.encode()).unwrap(), SendOutcome::Sent);
-        let got = drain(&mut b);
+        assert_eq!(b.try_send(0, &h, &key.encode()).unwrap(), SendOutcome::Sent);
+        let got = drain(&mut a);
         assert_eq!(RemoteKey::decode(&got[0].2), Some(key));
+        // Control messages use the reserve even when data credits are gone.
+        while b.try_send(0, &eager(1, &[]), &[]).unwrap() == SendOutcome::Sent {}
+        let fin = MsgHeader::control(MsgKind::Fin, 0, 5, 2, 0);
+        assert_eq!(b.try_send(0, &fin, &[]).unwrap(), SendOutcome::Sent);
         assert_eq!(b.peer_state(0), PeerState::Alive);
         a.finalize().unwrap();
         assert_eq!(b.peer_state(0), PeerState::Finalized);

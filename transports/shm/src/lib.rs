@@ -13,8 +13,14 @@
 //! from then on nothing is left in `/dev/shm` even if the job is killed.
 //! Launchers also call [`cleanup_job`] when a job ends.
 //!
-//! Settings: `FMX_SHM_SLOTS` (slots per sender, default 16),
-//! `FMX_SHM_SLOT_BYTES` (default 16 KiB), `FMX_SHM_DIR` (default `/dev/shm`).
+//! Flow control: the credits of `fmx_transport::credit` (FM's send rule),
+//! returned piggybacked in headers or in explicit credit messages through a
+//! small control reserve.
+//!
+//! Settings: `FMX_SHM_POOL_SLOTS` (eager pool slots `P`, default 64),
+//! `FMX_SHM_SLOT_BYTES` (default 16 KiB), `FMX_NEWCOMER_CREDITS` (default 2),
+//! `FMX_CREDIT_THRESHOLD` (default half a peer's slice), `FMX_SHM_DIR`
+//! (default `/dev/shm`).
 //!
 //! ## Thread safety
 //! An endpoint is driven by one thread at a time; no lock on the data path.
@@ -26,5 +32,5 @@ pub mod liveness;
 pub mod ring;
 pub mod segment;
 
-pub use endpoint::{ShmConfig, ShmEndpoint, ShmSetup, DEFAULT_SLOTS, DEFAULT_SLOT_BYTES};
+pub use endpoint::{ShmConfig, ShmEndpoint, ShmSetup, DEFAULT_NEWCOMER_CREDITS, DEFAULT_POOL_SLOTS, DEFAULT_SLOT_BYTES};
 pub use segment::{cleanup_job, shm_dir};

@@ -1,30 +1,27 @@
-//! The single-producer/single-consumer slot ring between one sender and one receiver.
+//! Cursors over a slot [`Ring`]: one writer, one reader, no lock.
 //!
-//! Credits are slots: the sender may have at most `slots` messages that the
-//! receiver has not released. It counts what it sent; the receiver publishes
-//! how many it released in the ring's head line, which the sender reads only
-//! when its cached window is used up (so that line rarely moves between cores).
-//! No lock: one writer per word.
+//! The ring itself knows nothing of credits: the sender writes slot
+//! `sent % slots` only while it holds a credit for it, which the receiver
+//! returned after releasing that slot (see `fmx_transport::credit`).
 
 use std::sync::atomic::Ordering;
 
 use fmx_transport::{MsgHeader, HEADER_BYTES};
 
-use crate::layout::{PAYLOAD_OFFSET, SEQ_BYTES};
+use crate::layout::{Ring, PAYLOAD_OFFSET, SEQ_BYTES};
 use crate::segment::Segment;
 
 /// The sending side, kept by the sender.
 #[derive(Debug)]
 pub struct TxRing {
-    sender: u32,
+    ring: Ring,
     sent: u64,
-    limit: u64,
 }
 
 impl TxRing {
-    /// The ring `sender` writes into (in the receiver's segment).
-    pub fn new(sender: u32, slots: u32) -> Self {
-        Self { sender, sent: 0, limit: u64::from(slots) }
+    /// Writes into `ring` of the receiver's segment.
+    pub fn new(ring: Ring) -> Self {
+        Self { ring, sent: 0 }
     }
 
     /// Messages sent so far.
@@ -32,27 +29,25 @@ impl TxRing {
         self.sent
     }
 
-    /// Copies `header` and `payload` into the next slot of the receiver's segment `rx`;
-    /// `false` (nothing written) when every slot is still unreleased.
+    /// Largest payload.
+    pub fn max_payload(&self) -> usize {
+        self.ring.max_payload()
+    }
+
+    /// Copies `header` and `payload` into the next slot of the receiver's segment `rx`.
+    /// The caller holds a credit for that slot.
     #[inline]
-    pub fn try_send(&mut self, rx: &Segment, header: &MsgHeader, payload: &[u8]) -> bool {
-        let layout = rx.layout();
-        debug_assert!(payload.len() <= layout.max_payload());
-        if self.sent >= self.limit {
-            let released = rx.u64_at(layout.ring_offset(self.sender)).load(Ordering::Acquire);
-            self.limit = released + u64::from(layout.slots);
-            if self.sent >= self.limit {
-                return false;
-            }
-        }
-        let off = layout.slot_offset(self.sender, self.sent);
+    pub fn write(&mut self, rx: &Segment, header: &MsgHeader, payload: &[u8]) {
+        assert!(payload.len() <= self.ring.max_payload(), "payload of {} bytes in a slot of {}", payload.len(), self.ring.max_payload());
+        let off = self.ring.slot(self.sent);
+        assert!(off + self.ring.slot_bytes <= rx.len(), "slot outside the segment");
         let mut h = [0u8; HEADER_BYTES];
         header.encode(&mut h);
-        // SAFETY: the slot lies inside the mapping (layout arithmetic, checked by its
-        // tests) and belongs to the sender now: the receiver released it (sent < limit
-        // = released + slots) and reads it again only after the release-store of `seq`
-        // below. The payload fits (max_payload, asserted above in debug; the endpoint
-        // checks it). Source and destination are different objects, so no overlap.
+        // SAFETY: the slot lies inside the mapping (asserted) and belongs to the
+        // sender now: the caller holds a credit, which the receiver returned only
+        // after releasing this slot, and the receiver reads it again only after the
+        // release-store of `seq` below. The payload fits (asserted). Source and
+        // destination are different objects, so they do not overlap.
         unsafe {
             let slot = rx.base().add(off);
             std::ptr::copy_nonoverlapping(h.as_ptr(), slot.add(SEQ_BYTES), HEADER_BYTES);
@@ -60,14 +55,13 @@ impl TxRing {
         }
         self.sent += 1;
         rx.u64_at(off).store(self.sent, Ordering::Release);
-        true
     }
 }
 
 /// The receiving side, kept by the receiver.
 #[derive(Debug)]
 pub struct RxRing {
-    sender: u32,
+    ring: Ring,
     next: u64,
 }
 
@@ -80,9 +74,9 @@ pub struct Slot<'a> {
 }
 
 impl RxRing {
-    /// The ring `sender` writes into (in our own segment).
-    pub fn new(sender: u32) -> Self {
-        Self { sender, next: 0 }
+    /// Reads `ring` of our own segment.
+    pub fn new(ring: Ring) -> Self {
+        Self { ring, next: 0 }
     }
 
     /// Messages released so far.
@@ -93,20 +87,20 @@ impl RxRing {
     /// The next message, if the sender has published it.
     #[inline]
     pub fn peek<'a>(&'a self, own: &'a Segment) -> Option<Slot<'a>> {
-        let layout = own.layout();
-        let off = layout.slot_offset(self.sender, self.next);
+        let off = self.ring.slot(self.next);
         if own.u64_at(off).load(Ordering::Acquire) != self.next + 1 {
             return None;
         }
+        assert!(off + self.ring.slot_bytes <= own.len(), "slot outside the segment");
         // SAFETY: the acquire-load of `seq` saw the sender's release-store, so the
-        // header and payload it wrote before are visible; the sender will not touch
-        // this slot again until we publish its release (`release` below), and the
-        // returned borrow ends before that (it borrows `self` immutably, `release`
-        // takes `&mut self`). Bounds: header lies in the slot by layout.
+        // header and payload it wrote before are visible; the sender writes this
+        // slot again only after we release it and return the credit, and the borrow
+        // returned here ends before `release` (which takes `&mut self`). Bounds:
+        // the slot lies in the mapping (asserted).
         let header_bytes = unsafe { std::slice::from_raw_parts(own.base().add(off + SEQ_BYTES), HEADER_BYTES) };
         let header = MsgHeader::decode(header_bytes);
         let len = match &header {
-            Ok(h) => (h.payload_len as usize).min(layout.max_payload()),
+            Ok(h) => (h.payload_len as usize).min(self.ring.max_payload()),
             Err(_) => 0,
         };
         // SAFETY: as above; `len` is clamped to the slot's payload capacity.
@@ -114,10 +108,9 @@ impl RxRing {
         Some(Slot { header, payload })
     }
 
-    /// Gives the current slot back to the sender (returns its credit).
+    /// Moves past the current slot; the caller returns its credit.
     #[inline]
-    pub fn release(&mut self, own: &Segment) {
+    pub fn release(&mut self) {
         self.next += 1;
-        own.u64_at(own.layout().ring_offset(self.sender)).store(self.next, Ordering::Release);
     }
 }

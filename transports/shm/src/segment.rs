@@ -90,7 +90,7 @@ impl Segment {
         seg.put_u32(ctl::VERSION, VERSION);
         seg.put_u32(ctl::RANK, rank);
         seg.put_u32(ctl::SIZE, layout.size);
-        seg.put_u32(ctl::SLOTS, layout.slots);
+        seg.put_u32(ctl::POOL, layout.pool);
         seg.put_u64(ctl::SLOT_BYTES, layout.slot_bytes as u64);
         seg.put_u32(ctl::PID, std::process::id());
         seg.u32_at(ctl::STATE).store(state::RUNNING, std::sync::atomic::Ordering::Release);
@@ -119,7 +119,7 @@ impl Segment {
             && seg.get_u32(ctl::VERSION) == VERSION
             && seg.get_u32(ctl::RANK) == rank
             && seg.get_u32(ctl::SIZE) == layout.size
-            && seg.get_u32(ctl::SLOTS) == layout.slots
+            && seg.get_u32(ctl::POOL) == layout.pool
             && seg.get_u64(ctl::SLOT_BYTES) == layout.slot_bytes as u64;
         if !ok {
             return Err(TransportError::Setup {
@@ -143,6 +143,16 @@ impl Segment {
     /// The owner's pid.
     pub fn owner_pid(&self) -> u32 {
         self.get_u32(ctl::PID)
+    }
+
+    /// Bytes mapped.
+    pub fn len(&self) -> usize {
+        self.map.len()
+    }
+
+    /// Whether the mapping is empty (never, for a valid segment).
+    pub fn is_empty(&self) -> bool {
+        self.map.is_empty()
     }
 
     /// Base address of the mapping.

@@ -193,6 +193,9 @@ fn sizes(w: &Comm) -> R {
     let peer = 1 - w.rank();
     for (k, &len) in SIZES.iter().enumerate() {
         let m = k as u64;
+        if std::env::var_os("FMX_ITEST_TRACE").is_some() {
+            eprintln!("rank {} size {len}", w.rank());
+        }
         let mut buf = vec![0u8; len];
         if w.rank() == 0 {
             fill(&mut buf, 0, m);

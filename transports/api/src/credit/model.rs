@@ -1,6 +1,8 @@
 //! A model of two processes exchanging messages through slot rings under
-//! [`PeerCredits`]: property tests over random interleavings and an
-//! exhaustive search of every interleaving for small windows.
+//! [`PeerCredits`]: eager data in the data slice, control messages (CTS/FIN)
+//! in the control reserve, credits returned piggybacked or through the credit
+//! mailbox (overwritten by newer totals). Property tests over random
+//! interleavings and an exhaustive search of every interleaving for small windows.
 
 use std::collections::{HashSet, VecDeque};
 
@@ -11,7 +13,7 @@ use super::{Class, CreditConfig, Gate, PeerCredits};
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 enum Body {
     Data(u32),
-    Credit,
+    Ctrl(u32),
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -36,6 +38,11 @@ struct Proc {
     /// Application messages still to send, and what we received.
     to_send: VecDeque<u32>,
     got: Vec<u32>,
+    /// Control messages still to send, and those received.
+    ctrl_to_send: u32,
+    ctrl_got: Vec<u32>,
+    /// Our credit mailbox: the newest totals the peer wrote explicitly.
+    mailbox: Option<(u16, u8)>,
     reallocated: bool,
 }
 
@@ -47,18 +54,21 @@ struct Pair {
 #[derive(Clone, Copy, Debug)]
 enum Action {
     Send(usize),
+    SendCtrl(usize),
     RecvData(usize),
     RecvCtrl(usize),
     Explicit(usize),
+    ReadMailbox(usize),
     Reallocate(usize),
 }
 
-const ALL: [fn(usize) -> Action; 5] = [Action::Send, Action::RecvData, Action::RecvCtrl, Action::Explicit, Action::Reallocate];
+const ALL: [fn(usize) -> Action; 7] =
+    [Action::Send, Action::SendCtrl, Action::RecvData, Action::RecvCtrl, Action::Explicit, Action::ReadMailbox, Action::Reallocate];
 
 impl Pair {
     /// Process 0 has the smaller ID; each sends `n[i]` messages.
-    fn new(cfg: &CreditConfig, n: [u32; 2]) -> Self {
-        let mk = |lower: bool, count: u32, base: u32| Proc {
+    fn new(cfg: &CreditConfig, n: [u32; 2], ctrl: [u32; 2]) -> Self {
+        let mk = |lower: bool, count: u32, base: u32, ctrl: u32| Proc {
             credits: PeerCredits::new(cfg, lower),
             data_ring: vec![None; cfg.slice as usize],
             ctrl_ring: vec![None; cfg.ctrl as usize],
@@ -68,10 +78,13 @@ impl Pair {
             tx_ctrl: 0,
             to_send: (0..count).map(|k| base + k).collect(),
             got: Vec::new(),
+            ctrl_to_send: ctrl,
+            ctrl_got: Vec::new(),
+            mailbox: None,
             reallocated: false,
         };
         // Process 0's peer (process 1) has a larger ID; process 1's peer is lower.
-        Self { p: [mk(false, n[0], 0), mk(true, n[1], 1000)] }
+        Self { p: [mk(false, n[0], 0, ctrl[0]), mk(true, n[1], 1000, ctrl[1])] }
     }
 
     /// Applies `a` if enabled; panics on an invariant violation.
@@ -96,17 +109,34 @@ impl Pair {
                 self.p[i].to_send.pop_front();
                 true
             }
+            Action::SendCtrl(i) => {
+                // Control messages answer data (CTS/FIN), so only once the rule allows.
+                if self.p[i].ctrl_to_send == 0 || !self.p[i].credits.allowed() {
+                    return false;
+                }
+                if self.p[i].credits.try_take(Class::Ctrl) != Gate::Go {
+                    return false;
+                }
+                let credits = self.p[i].credits.piggyback();
+                let j = 1 - i;
+                let slot = (self.p[i].tx_ctrl % u64::from(cfg.ctrl)) as usize;
+                assert!(self.p[j].ctrl_ring[slot].is_none(), "control slot {slot} of process {j} written twice before release");
+                self.p[j].ctrl_ring[slot] = Some(Msg { body: Body::Ctrl(self.p[i].ctrl_to_send), credits });
+                self.p[i].tx_ctrl += 1;
+                self.p[i].ctrl_to_send -= 1;
+                true
+            }
             Action::Explicit(i) => {
                 if !self.p[i].credits.wants_explicit(cfg) {
                     return false;
                 }
-                assert_eq!(self.p[i].credits.try_take(Class::Ctrl), Gate::Go);
-                let credits = self.p[i].credits.piggyback();
-                let j = 1 - i;
-                let slot = (self.p[i].tx_ctrl % u64::from(cfg.ctrl)) as usize;
-                assert!(self.p[j].ctrl_ring[slot].is_none(), "control slot {slot} of process {j} written twice");
-                self.p[j].ctrl_ring[slot] = Some(Msg { body: Body::Credit, credits });
-                self.p[i].tx_ctrl += 1;
+                let totals = self.p[i].credits.explicit();
+                self.p[1 - i].mailbox = Some(totals); // newer totals overwrite older ones
+                true
+            }
+            Action::ReadMailbox(i) => {
+                let Some((d, c)) = self.p[i].mailbox.take() else { return false };
+                self.p[i].credits.on_credit(d, c);
                 true
             }
             Action::RecvData(i) | Action::RecvCtrl(i) => {
@@ -117,8 +147,9 @@ impl Pair {
                 let Some(m) = ring[slot].take() else { return false };
                 *next += 1;
                 q.credits.on_receive(m.credits.0, m.credits.1);
-                if let Body::Data(seq) = m.body {
-                    q.got.push(seq);
+                match m.body {
+                    Body::Data(seq) => q.got.push(seq),
+                    Body::Ctrl(k) => q.ctrl_got.push(k),
                 }
                 q.credits.on_release(if data { Class::Data } else { Class::Ctrl });
                 assert!(q.credits.data_credits() <= cfg.slice, "data credits {} exceed the slice {}", q.credits.data_credits(), cfg.slice);
@@ -137,7 +168,10 @@ impl Pair {
     }
 
     fn done(&self, n: [u32; 2]) -> bool {
-        self.p.iter().all(|q| q.to_send.is_empty()) && self.p[1].got.len() == n[0] as usize && self.p[0].got.len() == n[1] as usize
+        self.p.iter().all(|q| q.to_send.is_empty() && q.ctrl_to_send == 0)
+            && self.p[1].got.len() == n[0] as usize
+            && self.p[0].got.len() == n[1] as usize
+            && self.p.iter().all(|q| q.data_ring.iter().chain(&q.ctrl_ring).all(Option::is_none))
     }
 
     fn check_delivery(&self, n: [u32; 2]) {
@@ -176,12 +210,12 @@ proptest! {
     #[test]
     fn random_interleavings_keep_the_invariants(
         slice in 1u32..5, newcomer in 1u32..5, threshold in 1u32..5,
-        n0 in 0u32..20, n1 in 1u32..20,
+        n0 in 0u32..20, n1 in 1u32..20, c0 in 0u32..8, c1 in 0u32..8,
         actions in proptest::collection::vec((0usize..5, 0usize..2), 0..300),
     ) {
         let c = cfg(slice, newcomer, threshold);
         let n = [n0, n1];
-        let mut pair = Pair::new(&c, n);
+        let mut pair = Pair::new(&c, n, [c0, c1]);
         for (a, who) in actions {
             pair.step(&c, ALL[a](who));
         }
@@ -196,9 +230,15 @@ proptest! {
 /// happen any more has delivered everything (no deadlock).
 #[test]
 fn exhaustive_small_windows_never_deadlock() {
-    for (slice, newcomer, threshold, n) in [(1, 1, 1, [2, 2]), (2, 1, 1, [3, 2]), (2, 1, 2, [2, 3]), (3, 2, 2, [3, 3]), (1, 1, 1, [0, 3])] {
+    for (slice, newcomer, threshold, n, ctrl) in [
+        (1, 1, 1, [2, 1], [1, 1]),
+        (1, 1, 1, [1, 2], [2, 1]),
+        (2, 1, 1, [2, 2], [1, 0]),
+        (2, 1, 2, [1, 2], [0, 1]),
+        (1, 1, 1, [0, 2], [0, 1]),
+    ] {
         let c = cfg(slice, newcomer, threshold);
-        let start = Pair::new(&c, n);
+        let start = Pair::new(&c, n, ctrl);
         let mut seen = HashSet::new();
         let mut todo = vec![start.clone()];
         seen.insert(start);
@@ -221,9 +261,13 @@ fn exhaustive_small_windows_never_deadlock() {
                 assert!(s.done(n), "deadlock with slice {slice}, c0 {newcomer}, threshold {threshold}: {s:?}");
                 s.check_delivery(n);
             }
-            assert!(seen.len() < 2_000_000, "state space too large");
+            assert!(seen.len() < 3_000_000, "state space too large");
         }
         assert!(terminal > 0);
+        eprintln!(
+            "slice {slice}, c0 {newcomer}, threshold {threshold}, messages {n:?}, control {ctrl:?}: {} states, {terminal} terminal",
+            seen.len()
+        );
     }
 }
 
@@ -235,17 +279,33 @@ fn the_rule_gates_the_larger_id_until_it_has_heard() {
     assert_eq!(lo.try_take(Class::Data), Gate::NotAllowed);
     assert_eq!(hi.try_take(Class::Data), Gate::Go, "newcomer credit toward a smaller ID");
     assert_eq!(hi.try_take(Class::Data), Gate::Backpressure, "only c0 = 1 before reallocation");
-    let (d, _) = hi.piggyback();
-    assert_eq!(d, 1, "the first message grants the smaller ID its c0");
-    lo.on_receive(d, 0);
+    let (d, k) = hi.piggyback();
+    assert_eq!(d, 1, "the first message grants the smaller ID its c0 (a cumulative total)");
+    lo.on_receive(d, k);
     assert_eq!(lo.try_take(Class::Data), Gate::Go);
     assert_eq!(lo.try_take(Class::Data), Gate::Backpressure);
     // Reallocation grants the rest of the slice and announces it explicitly.
     assert_eq!(hi.reallocate(&c), 3);
     assert!(hi.wants_explicit(&c));
-    let (d, _) = hi.piggyback();
-    lo.on_receive(d, 0);
+    let (d, k) = hi.explicit();
+    lo.on_credit(d, k);
+    lo.on_credit(d, k); // a total seen twice counts once
     assert_eq!(lo.data_credits(), 3);
     assert_eq!(CreditConfig::for_pool(7, 7, 2, None).map(|c| c.slice), Ok(1));
     assert!(CreditConfig::for_pool(6, 7, 2, None).unwrap_err().contains("cannot give each of 7 peers"));
+}
+
+#[test]
+fn totals_wrap_around_without_losing_credits() {
+    let c = cfg(4, 4, 1);
+    let mut tx = PeerCredits::new(&c, true);
+    let mut rx = PeerCredits::new(&c, false);
+    rx.on_receive(0, 0);
+    for round in 0..100_000u32 {
+        assert_eq!(tx.try_take(Class::Data), Gate::Go, "round {round}");
+        rx.on_release(Class::Data);
+        let (d, k) = rx.explicit();
+        tx.on_credit(d, k);
+    }
+    assert_eq!(tx.data_credits(), 4);
 }
