@@ -3,10 +3,15 @@
 use std::time::Duration;
 
 fn launch(np: u32, scenario: &str) -> (fmx::launcher::Outcome, Duration) {
+    launch_env(np, scenario, &[])
+}
+
+fn launch_env(np: u32, scenario: &str, env: &[(&str, &str)]) -> (fmx::launcher::Outcome, Duration) {
     let mut l = fmx::launcher::Launch::new(np, env!("CARGO_BIN_EXE_fmx-itest-rank"));
+    l.env = env.iter().map(|(k, v)| (k.into(), v.into())).collect();
     l.args = vec![scenario.into()];
     l.capture = true;
-    l.timeout = Some(Duration::from_secs(180));
+    l.timeout = Some(Duration::from_secs(600));
     let t = std::time::Instant::now();
     let o = l.run().expect("launch");
     (o, t.elapsed())
@@ -18,7 +23,11 @@ fn dump(o: &fmx::launcher::Outcome) -> String {
 
 /// Runs `scenario` on `np` ranks and requires every rank to report OK.
 fn run_ok(np: u32, scenario: &str) -> fmx::launcher::Outcome {
-    let (o, _) = launch(np, scenario);
+    run_ok_env(np, scenario, &[])
+}
+
+fn run_ok_env(np: u32, scenario: &str, env: &[(&str, &str)]) -> fmx::launcher::Outcome {
+    let (o, _) = launch_env(np, scenario, env);
     assert_eq!(o.code, 0, "{scenario} on {np} ranks failed:\n{}", dump(&o));
     let oks = o.lines.iter().filter(|(_, e, l)| !e && *l == format!("OK {scenario}")).count();
     assert_eq!(oks, np as usize, "{scenario} on {np} ranks: {oks} ranks said OK:\n{}", dump(&o));
@@ -103,4 +112,40 @@ fn a_dead_rank_is_named_by_the_others_within_10_s() {
         );
     }
     assert_no_files(&o.job);
+}
+
+#[test]
+fn stress_all_to_all_with_one_slot_per_peer() {
+    // 8 ranks, 10^5 messages per ordered pair, an eager pool of 7 slots: 1 per peer.
+    let o = run_ok_env(8, "stress", &[("FMX_SHM_POOL_SLOTS", "7"), ("STRESS_MSGS", "100000")]);
+    assert_eq!(o.lines.iter().filter(|(_, _, l)| l.starts_with("STRESS n=8 msgs_per_pair=100000")).count(), 8);
+}
+
+#[test]
+fn stress_random_sizes_across_the_eager_limit() {
+    // Slots of 256 bytes hold 216 bytes of payload; sizes 0..=512 cross into rendezvous.
+    let env = [("FMX_SHM_POOL_SLOTS", "7"), ("FMX_SHM_SLOT_BYTES", "256"), ("STRESS_MAX_BYTES", "512"), ("STRESS_MSGS", "100000")];
+    let o = run_ok_env(8, "stress-sizes", &env);
+    assert_eq!(o.lines.iter().filter(|(_, _, l)| l.starts_with("STRESS n=8 msgs_per_pair=100000")).count(), 8);
+}
+
+#[test]
+fn join_follows_the_send_rule_and_keeps_receive_memory_fixed() {
+    let pool_slots = 42u32; // divisible by 1, 3 and 7 peers
+    let slot = 16usize << 10;
+    for np in [2u32, 4, 8] {
+        let dir = std::env::temp_dir().join(format!("fmx-join-{}-{np}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let env = [("FMX_SHM_POOL_SLOTS", "42"), ("FMX_JOIN_DIR", dir.to_str().unwrap())];
+        let o = run_ok_env(np, "join", &env);
+        let mems: Vec<&String> = o.lines.iter().filter(|(_, _, l)| l.starts_with("RECVMEM")).map(|(_, _, l)| l).collect();
+        assert_eq!(mems.len(), np as usize);
+        let per_peer = (pool_slots / (np - 1)) as usize * slot;
+        for m in mems {
+            assert!(m.contains(&format!("eager_pool={} ", pool_slots as usize * slot)), "{m}");
+            assert!(m.contains(&format!("per_peer={per_peer} ")), "{m}");
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }

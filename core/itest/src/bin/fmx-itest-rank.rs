@@ -2,7 +2,7 @@
 //! the tests under the fmx launcher. Prints `OK SCENARIO` on success; on a
 //! failed check prints `FAIL ...` and exits 1.
 
-use fmx::{Comm, Error, Op, Source, Tag};
+use fmx::{Comm, Error, Op, SendAttempt, Source, Tag};
 use fmx_itest::{fill, first_mismatch};
 
 type R = Result<(), String>;
@@ -21,6 +21,10 @@ fn e2s(e: Error) -> String {
 
 fn main() {
     let scenario = std::env::args().nth(1).unwrap_or_default();
+    if scenario == "join" {
+        report(&scenario, join());
+        return;
+    }
     let fmx = match fmx::init() {
         Ok(f) => f,
         Err(e) => {
@@ -39,6 +43,8 @@ fn main() {
         "bad-input" => bad_input(w),
         "dup-split" => dup_split(w),
         "ring" => ring(w),
+        "stress" => stress(w, false),
+        "stress-sizes" => stress(w, true),
         "finalize-use" => {
             let c = w.dup().map_err(e2s);
             let r = c.and_then(|c| {
@@ -488,4 +494,124 @@ fn ring(w: &Comm) -> R {
     let us = t.elapsed().as_secs_f64() * 1e6 / iters as f64;
     println!("RING n={n} iters={iters} us_per_exchange={us:.2}");
     Ok(())
+}
+
+/// The size of message `seq` from `src` to `dst` in the random-size stress (0..=max).
+fn stress_len(src: u32, dst: u32, seq: u64, max: usize) -> usize {
+    let mut x = (u64::from(src) << 48) ^ (u64::from(dst) << 32) ^ seq ^ 0x9E37_79B9_7F4A_7C15;
+    x ^= x >> 33;
+    x = x.wrapping_mul(0xff51_afd7_ed55_8ccd);
+    x ^= x >> 33;
+    (x % (max as u64 + 1)) as usize
+}
+
+/// All-to-all, `STRESS_MSGS` messages per ordered pair (default 10^5), in
+/// windows of `STRESS_WINDOW`; every message's content checked. With `sizes`,
+/// each message has a pseudo-random size up to `STRESS_MAX_BYTES`.
+fn stress(w: &Comm, sizes: bool) -> R {
+    let env = |k: &str, d: u64| std::env::var(k).ok().and_then(|v| v.parse().ok()).unwrap_or(d);
+    let msgs = env("STRESS_MSGS", 100_000);
+    let window = env("STRESS_WINDOW", 32) as usize;
+    let max = env("STRESS_MAX_BYTES", 512) as usize;
+    let (me, n) = (w.rank(), w.size());
+    let peers: Vec<u32> = (0..n).filter(|&p| p != me).collect();
+    let cap = if sizes { max } else { 16 };
+    let mut inbox = vec![vec![0u8; cap]; peers.len() * window];
+    let mut outbox = vec![vec![0u8; cap]; peers.len() * window];
+    let mut seq = 0u64;
+    let t = std::time::Instant::now();
+    while seq < msgs {
+        let k = window.min((msgs - seq) as usize);
+        for (pi, &p) in peers.iter().enumerate() {
+            for j in 0..k {
+                let m = seq + j as u64;
+                let b = &mut outbox[pi * window + j];
+                let len = if sizes { stress_len(me, p, m, max) } else { 16 };
+                b.resize(len, 0);
+                fill(b, me, m ^ (u64::from(p) << 40));
+            }
+        }
+        let statuses = w
+            .scope(|s| {
+                let mut reqs = Vec::new();
+                for (pi, chunk) in inbox.chunks_mut(window).enumerate() {
+                    for b in chunk.iter_mut().take(k) {
+                        b.resize(cap, 0);
+                        reqs.push(s.irecv(&mut b[..], peers[pi], 7)?);
+                    }
+                }
+                for (pi, chunk) in outbox.chunks(window).enumerate() {
+                    for b in chunk.iter().take(k) {
+                        let _ = s.isend(&b[..], peers[pi], 7)?;
+                    }
+                }
+                s.wait_all(reqs)
+            })
+            .map_err(e2s)?;
+        for (idx, st) in statuses.iter().enumerate() {
+            let (pi, j) = (idx / k, idx % k);
+            let p = peers[pi];
+            let m = seq + j as u64;
+            let len = if sizes { stress_len(p, me, m, max) } else { 16 };
+            check!(st.source == p && st.count == len, "message {m} from {p}: status {st:?}, expected {len} bytes");
+            let b = &inbox[pi * window + j][..len];
+            check!(first_mismatch(b, p, m ^ (u64::from(me) << 40)).is_none(), "message {m} from {p}: content differs");
+        }
+        seq += k as u64;
+    }
+    println!("STRESS n={n} msgs_per_pair={msgs} secs={:.2}", t.elapsed().as_secs_f64());
+    Ok(())
+}
+
+/// FM's dynamic process model: ranks start after random delays, the send rule
+/// holds before the join, everyone communicates after it, and the eager
+/// receive memory is the configured pool whatever the number of ranks.
+fn join() -> R {
+    let rank: u64 = std::env::var("FMX_RANK").ok().and_then(|v| v.parse().ok()).unwrap_or(0);
+    let delay = (rank * 7919 + u64::from(std::process::id())) % 500;
+    std::thread::sleep(std::time::Duration::from_millis(delay));
+    let fmx = fmx::init_with(fmx::InitOptions { defer_join: true }).map_err(e2s)?;
+    let w = fmx.world();
+    let (me, n) = (w.rank(), w.size());
+    // Before anyone has sent: larger IDs are forbidden, smaller ones allowed (newcomer credits).
+    for j in me + 1..n {
+        let got = w.try_send(&[1u8], j, 50).map_err(e2s)?;
+        check!(got == SendAttempt::NotAllowed, "rank {me} -> {j} before the join: {got:?}, the rule forbids it");
+    }
+    for j in 0..me {
+        let got = w.try_send(&[me as u8], j, 51).map_err(e2s)?;
+        check!(got == SendAttempt::Sent, "rank {me} -> smaller {j} before the join: {got:?}");
+    }
+    // Nobody sends to a larger ID before every rank has checked the above.
+    let dir = std::path::PathBuf::from(std::env::var("FMX_JOIN_DIR").map_err(|_| "FMX_JOIN_DIR not set")?);
+    std::fs::write(dir.join(format!("ready-{me}")), b"").map_err(|e| e.to_string())?;
+    let t = std::time::Instant::now();
+    while (0..n).any(|r| !dir.join(format!("ready-{r}")).exists()) {
+        check!(t.elapsed().as_secs() < 60, "ranks never got ready");
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
+    // A blocking send to the next larger ID makes progress until that rank's join message opens the way.
+    if me + 1 < n {
+        w.send(&[u64::from(me)], me + 1, 52).map_err(e2s)?;
+    }
+    fmx.wait_for_join(n).map_err(e2s)?;
+    fmx.reallocate_credits().map_err(e2s)?;
+    for j in me + 1..n {
+        let mut b = [0u8];
+        w.recv(&mut b, j, 51).map_err(e2s)?;
+        check!(u32::from(b[0]) == j, "hello from {j}: {b:?}");
+    }
+    if me > 0 {
+        let mut b = [0u64];
+        w.recv(&mut b, me - 1, 52).map_err(e2s)?;
+        check!(b[0] == u64::from(me - 1), "blocking hello from {}: {b:?}", me - 1);
+    }
+    // Every pair communicates.
+    let send: Vec<u64> = (0..n).map(|d| u64::from(me) * 100 + u64::from(d)).collect();
+    let mut recv = vec![0u64; n as usize];
+    w.alltoall(&send, &mut recv).map_err(e2s)?;
+    check!((0..n).all(|s| recv[s as usize] == u64::from(s) * 100 + u64::from(me)), "alltoall after the join: {recv:?}");
+    let m = fmx.receive_memory();
+    println!("RECVMEM n={n} eager_pool={} per_peer={} control={} own={}", m.eager_pool, m.per_peer, m.control, m.own);
+    fmx.finalize().map_err(e2s)
 }
