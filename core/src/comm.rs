@@ -18,6 +18,8 @@ pub(crate) struct Shared {
     pub(crate) lend: RefCell<LendTable>,
     pub(crate) boot: RefCell<Bootstrap>,
     pub(crate) finalized: Cell<bool>,
+    /// An active-message handler is running: blocking calls are refused.
+    pub(crate) in_handler: Cell<bool>,
     /// Highest context id in use by this process (contexts come in pairs).
     pub(crate) max_ctx: Cell<u32>,
 }
@@ -26,6 +28,8 @@ impl Shared {
     pub(crate) fn check_live(&self, what: &'static str) -> Result<()> {
         if self.finalized.get() {
             Err(Error::Finalized(what))
+        } else if self.in_handler.get() {
+            Err(Error::InHandler(what))
         } else {
             Ok(())
         }
@@ -180,29 +184,37 @@ impl Comm {
 
     /// Blocking send (returns when `buf` may be reused).
     pub fn send<T: Pod>(&self, buf: &[T], dest: u32, tag: i32) -> Result<()> {
-        self.sh.check_live("send")?;
         let tag = Self::check_tag(tag)?;
+        self.send_on(self.ctx, buf, dest, tag)
+    }
+
+    pub(crate) fn send_on<T: Pod>(&self, ctx: u32, buf: &[T], dest: u32, tag: u32) -> Result<()> {
+        self.sh.check_live("send")?;
         let w = self.check_rank("send destination", dest)?;
         // The fast path of `scope` + `isend` + `wait`, without the scope's bookkeeping.
         fmx_transport::lend::lend_scope(&self.sh.lend, |lender| {
             let lent = lender.lend(bytemuck::cast_slice(buf));
             let mut e = self.sh.engine.borrow_mut();
             let mut lend = self.sh.lend.borrow_mut();
-            let id = e.start_send(&lend, self.ctx, tag, w, lent).map_err(|err| self.localize(err))?;
+            let id = e.start_send(&lend, ctx, tag, w, lent).map_err(|err| self.localize(err))?;
             self.finish_blocking(&mut e, &mut lend, id, std::mem::size_of::<T>()).map(drop)
         })
     }
 
     /// Blocking receive; the status tells the source, tag and count.
     pub fn recv<T: Pod>(&self, buf: &mut [T], src: impl Into<Source>, tag: impl Into<Tag>) -> Result<Status> {
+        self.recv_on(self.ctx, buf, src.into(), tag.into())
+    }
+
+    pub(crate) fn recv_on<T: Pod>(&self, ctx: u32, buf: &mut [T], src: Source, tag: Tag) -> Result<Status> {
         self.sh.check_live("recv")?;
-        let (s, waits_on) = self.source_filter(src.into())?;
-        let t = Self::tag_filter(tag.into())?;
+        let (s, waits_on) = self.source_filter(src)?;
+        let t = Self::tag_filter(tag)?;
         fmx_transport::lend::lend_scope(&self.sh.lend, |lender| {
             let lent = lender.lend_mut(bytemuck::cast_slice_mut(buf));
             let mut e = self.sh.engine.borrow_mut();
             let mut lend = self.sh.lend.borrow_mut();
-            let id = e.start_recv(&mut lend, self.ctx, s, t, lent, waits_on).map_err(|err| self.localize(err))?;
+            let id = e.start_recv(&mut lend, ctx, s, t, lent, waits_on).map_err(|err| self.localize(err))?;
             self.finish_blocking(&mut e, &mut lend, id, std::mem::size_of::<T>())
         })
     }

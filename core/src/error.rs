@@ -69,6 +69,9 @@ pub enum Error {
     /// The library was finalized.
     #[error("fmx was finalized: {0} is not allowed after finalize")]
     Finalized(&'static str),
+    /// A blocking call inside an active-message handler (handlers may not block on the network).
+    #[error("{0} inside an active-message handler: handlers may not block on the network (reply through Replies)")]
+    InHandler(&'static str),
     /// `init` called twice in one process.
     #[error("fmx is already initialized in this process")]
     AlreadyInitialized,

@@ -44,6 +44,7 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod am;
 mod bootstrap;
 mod coll;
 mod comm;
@@ -120,6 +121,7 @@ fn init_inner() -> Result<Fmx> {
         lend: RefCell::new(fmx_transport::lend::LendTable::new()),
         boot: RefCell::new(boot),
         finalized: Cell::new(false),
+        in_handler: Cell::new(false),
         max_ctx: Cell::new(1),
     });
     let world = Comm::new(sh, 0, (0..size).collect(), size);

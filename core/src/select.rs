@@ -80,6 +80,9 @@ impl Endpoint for Transport {
     fn try_send(&mut self, peer: PeerId, header: &MsgHeader, payload: &[u8]) -> Result<SendOutcome, TransportError> {
         dispatch!(self, ep => ep.try_send(peer, header, payload))
     }
+    fn credit(&mut self, peer: PeerId) -> SendOutcome {
+        dispatch!(self, ep => ep.credit(peer))
+    }
     #[inline]
     fn poll<F>(&mut self, max: usize, sink: F) -> Result<usize, TransportError>
     where

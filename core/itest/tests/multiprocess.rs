@@ -149,3 +149,16 @@ fn join_follows_the_send_rule_and_keeps_receive_memory_fixed() {
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }
+
+#[test]
+fn active_messages_run_handlers_reply_and_report_missing_credit() {
+    for np in [2u32, 4] {
+        let dir = std::env::temp_dir().join(format!("fmx-am-{}-{np}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let slots = (np - 1).to_string();
+        run_ok_env(np, "am", &[("FMX_AM_DIR", dir.to_str().unwrap()), ("FMX_SHM_POOL_SLOTS", &slots)]);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+    run_ok(3, "am"); // default pool
+}

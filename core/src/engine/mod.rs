@@ -67,6 +67,8 @@ fn split_bits(bits: u64) -> (u32, u32) {
 enum Payload {
     None,
     Lent(Lent),
+    /// Data the engine owns (active-message replies), sent when credits allow.
+    Owned(Vec<u8>),
     Key([u8; RemoteKey::BYTES]),
 }
 
@@ -218,6 +220,7 @@ impl Engine {
                 let bytes: &[u8] = match &o.payload {
                     Payload::None => &[],
                     Payload::Key(k) => k,
+                    Payload::Owned(v) => v,
                     Payload::Lent(l) => match lend.get(*l) {
                         Some(b) => b,
                         None => {
@@ -448,6 +451,56 @@ impl Engine {
             }
         }
         Ok(())
+    }
+
+    /// Sends an eager-sized message whose data the engine keeps: now if credits
+    /// allow, else queued behind earlier sends to `dest` (never blocks).
+    pub(crate) fn send_owned(&mut self, ctx: u32, tag: u32, dest: u32, data: Vec<u8>) -> Result<()> {
+        if data.len() > self.max_eager {
+            return Err(Error::InvalidCount {
+                what: "queued send",
+                detail: format!("{} bytes exceed the eager limit of {} bytes", data.len(), self.max_eager),
+            });
+        }
+        let header = MsgHeader::eager(match_bits(ctx, tag), data.len(), 0);
+        if self.outq[queue(dest, MsgKind::Eager)].is_empty() && self.tp.try_send(dest, &header, &data)? == SendOutcome::Sent {
+            return Ok(());
+        }
+        self.enqueue(dest, Outgoing { header, payload: Payload::Owned(data), completes: None });
+        Ok(())
+    }
+
+    /// Whether an eager message to `dest` would go out now.
+    pub(crate) fn can_send_now(&mut self, dest: u32) -> SendOutcome {
+        if !self.outq[queue(dest, MsgKind::Eager)].is_empty() {
+            return SendOutcome::Backpressure;
+        }
+        self.tp.credit(dest)
+    }
+
+    /// The largest eager payload.
+    pub(crate) fn max_eager(&self) -> usize {
+        self.max_eager
+    }
+
+    /// Takes the earliest unexpected eager message on `ctx` (any source, any tag):
+    /// (source, tag, data). Rendezvous offers stay queued (see `has_unexpected_rts`).
+    pub(crate) fn take_unexpected_eager(&mut self, ctx: u32) -> Option<(u32, u32, Vec<u8>)> {
+        match self.matching.peek_unexpected(ctx, None, None)?.body {
+            Body::Eager(_) => {}
+            Body::Rts { .. } => return None,
+        }
+        let u = self.matching.take_unexpected(ctx, None, None)?;
+        match u.body {
+            Body::Eager(d) => Some((u.src, u.tag, d)),
+            Body::Rts { .. } => None,
+        }
+    }
+
+    /// The earliest unexpected message on `ctx`, if it is a rendezvous offer: (source, tag, length).
+    pub(crate) fn peek_unexpected_rts(&self, ctx: u32) -> Option<(u32, u32, u64)> {
+        let u = self.matching.peek_unexpected(ctx, None, None)?;
+        matches!(u.body, Body::Rts { .. }).then_some((u.src, u.tag, u.len))
     }
 
     /// Sends an eager message now or not at all (no queueing).

@@ -142,6 +142,23 @@ impl PeerCredits {
         }
     }
 
+    /// What [`PeerCredits::try_take`] would answer, without taking.
+    #[inline]
+    pub fn peek(&self, class: Class) -> Gate {
+        if !self.lower && !self.heard && class == Class::Data {
+            return Gate::NotAllowed;
+        }
+        let c = match class {
+            Class::Data => self.data,
+            Class::Ctrl => self.ctrl,
+        };
+        if c == 0 {
+            Gate::Backpressure
+        } else {
+            Gate::Go
+        }
+    }
+
     /// Announces everything owed: the cumulative totals to put in the header
     /// of a message to the peer.
     #[inline]

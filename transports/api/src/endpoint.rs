@@ -114,6 +114,9 @@ pub trait Endpoint: Send {
     /// released: answers [`SendOutcome::Backpressure`] instead.
     fn try_send(&mut self, peer: PeerId, header: &MsgHeader, payload: &[u8]) -> Result<SendOutcome, TransportError>;
 
+    /// Whether an eager message to `peer` would go out now (takes nothing).
+    fn credit(&mut self, peer: PeerId) -> SendOutcome;
+
     /// Hands up to `max` received messages to `sink`, in arrival order per
     /// sender, each while it still sits in its slot, and releases each slot
     /// after `sink` returns. Returns how many messages it handed.

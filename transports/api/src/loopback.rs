@@ -55,6 +55,10 @@ impl Endpoint for Loopback {
         Ok(SendOutcome::Sent)
     }
 
+    fn credit(&mut self, _peer: PeerId) -> SendOutcome {
+        SendOutcome::Sent
+    }
+
     fn poll<F>(&mut self, max: usize, mut sink: F) -> Result<usize, TransportError>
     where
         F: FnMut(PeerId, &MsgHeader, &[u8]),

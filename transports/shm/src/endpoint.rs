@@ -307,6 +307,23 @@ impl Endpoint for ShmEndpoint {
         Ok(SendOutcome::Sent)
     }
 
+    fn credit(&mut self, peer: PeerId) -> SendOutcome {
+        if peer >= self.size {
+            return SendOutcome::Backpressure;
+        }
+        if peer == self.rank {
+            return if self.own_credits > 0 { SendOutcome::Sent } else { SendOutcome::Backpressure };
+        }
+        if self.credits[peer as usize].peek(Class::Data) == Gate::Backpressure {
+            self.read_mailbox(peer);
+        }
+        match self.credits[peer as usize].peek(Class::Data) {
+            Gate::Go => SendOutcome::Sent,
+            Gate::Backpressure => SendOutcome::Backpressure,
+            Gate::NotAllowed => SendOutcome::NotAllowed,
+        }
+    }
+
     #[inline]
     fn poll<F>(&mut self, max: usize, mut sink: F) -> Result<usize, TransportError>
     where

@@ -25,6 +25,10 @@ fn main() {
         report(&scenario, join());
         return;
     }
+    if scenario == "am" {
+        report(&scenario, active_messages());
+        return;
+    }
     let fmx = match fmx::init() {
         Ok(f) => f,
         Err(e) => {
@@ -614,4 +618,119 @@ fn join() -> R {
     let m = fmx.receive_memory();
     println!("RECVMEM n={n} eager_pool={} per_peer={} control={} own={}", m.eager_pool, m.per_peer, m.control, m.own);
     fmx.finalize().map_err(e2s)
+}
+
+fn wait_for_file(path: &std::path::Path) -> R {
+    let t = std::time::Instant::now();
+    while !path.exists() {
+        check!(t.elapsed().as_secs() < 60, "{} never appeared", path.display());
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
+    Ok(())
+}
+
+/// Active messages: pieces in order, replies from handlers, no credit -> None,
+/// large messages, and a handler that tries to block gets an error.
+fn active_messages() -> R {
+    use std::cell::RefCell;
+    use std::rc::Rc;
+    // 'static so that a handler can (try to) capture the communicator.
+    let fmx: &'static fmx::Fmx = Box::leak(Box::new(fmx::init().map_err(e2s)?));
+    let w = fmx.world();
+    let (me, n) = (w.rank(), w.size());
+    let am = w.active_messages();
+    let replies = Rc::new(RefCell::new(Vec::<(u32, u64)>::new()));
+    let bigs = Rc::new(RefCell::new(Vec::<(u32, usize, bool)>::new()));
+    let refused = Rc::new(RefCell::new(None::<String>));
+    am.register(1, |msg, out| {
+        let (mut a, mut b) = ([0u8; 8], [0u8; 8]);
+        assert_eq!(msg.receive(&mut a), 8);
+        assert_eq!(msg.receive(&mut b), 8);
+        let v = u64::from_le_bytes(a) * 1000 + u64::from_le_bytes(b);
+        out.send(msg.sender(), 2, (v + 1).to_le_bytes().to_vec());
+    });
+    let r = replies.clone();
+    am.register(2, move |msg, _| {
+        let mut x = [0u8; 8];
+        msg.receive(&mut x);
+        r.borrow_mut().push((msg.sender(), u64::from_le_bytes(x)));
+    });
+    let b = bigs.clone();
+    am.register(3, move |msg, _| {
+        let mut data = vec![0u8; msg.len()];
+        msg.receive(&mut data);
+        let ok = first_mismatch(&data, msg.sender(), 33).is_none();
+        b.borrow_mut().push((msg.sender(), data.len(), ok));
+    });
+    let done = Rc::new(RefCell::new(0u32));
+    let dn = done.clone();
+    am.register(5, move |_, _| *dn.borrow_mut() += 1);
+    let f = refused.clone();
+    am.register(4, move |_, _| {
+        *f.borrow_mut() = Some(match w.send(&[0u8], 0, 0) {
+            Err(Error::InHandler(what)) => format!("refused {what}"),
+            other => format!("not refused: {other:?}"),
+        });
+    });
+    // No credit -> None: rank 1 spends its single slot toward rank 0 (FMX_SHM_POOL_SLOTS = n - 1)
+    // while rank 0 does not poll (it waits for a file rank 1 creates afterwards).
+    if let Ok(dir) = std::env::var("FMX_AM_DIR") {
+        let flag = std::path::Path::new(&dir).join("spent");
+        if me == 1 {
+            let mut s = am.begin_message(0, 16, 1).map_err(e2s)?.ok_or("no credit for the first message")?;
+            s.send_piece(&7u64.to_le_bytes()).map_err(e2s)?;
+            s.send_piece(&1u64.to_le_bytes()).map_err(e2s)?;
+            s.end_message().map_err(e2s)?;
+            check!(am.begin_message(0, 16, 1).map_err(e2s)?.is_none(), "begin_message with no credit must answer None");
+            std::fs::write(&flag, b"").map_err(|e| e.to_string())?;
+        } else if me == 0 {
+            wait_for_file(&flag)?;
+        }
+    }
+    // Every rank asks every other rank (and itself) in two pieces.
+    for d in 0..n {
+        let mut s = am.begin_message_blocking(d, 16, 1).map_err(e2s)?;
+        s.send_piece(&u64::from(me).to_le_bytes()).map_err(e2s)?;
+        s.send_piece(&u64::from(d).to_le_bytes()).map_err(e2s)?;
+        s.end_message().map_err(e2s)?;
+    }
+    // A message longer than a slot, to the next rank.
+    let mut big = vec![0u8; 100_000];
+    fill(&mut big, me, 33);
+    let next = (me + 1) % n;
+    let mut s = am.begin_message_blocking(next, big.len(), 3).map_err(e2s)?;
+    s.send_piece(&big[..1000]).map_err(e2s)?;
+    s.send_piece(&big[1000..]).map_err(e2s)?;
+    check!(s.send_piece(&[0]).is_err(), "a piece past the declared length is refused");
+    s.end_message().map_err(e2s)?;
+    if me == 0 {
+        let mut s = am.begin_message_blocking(me, 0, 4).map_err(e2s)?;
+        s.send_piece(&[]).map_err(e2s)?;
+        s.end_message().map_err(e2s)?;
+    }
+    let extra = u32::from(me == 1 && std::env::var_os("FMX_AM_DIR").is_some());
+    let t = std::time::Instant::now();
+    while replies.borrow().len() < (n + extra) as usize || bigs.borrow().is_empty() || (me == 0 && refused.borrow().is_none()) {
+        am.extract(usize::MAX).map_err(e2s)?;
+        check!(t.elapsed().as_secs() < 60, "active messages did not all arrive: {} replies", replies.borrow().len());
+    }
+    for &(src, v) in replies.borrow().iter() {
+        let want = if me == 1 && src == 0 && v == 7001 + 1 { v } else { u64::from(me) * 1000 + u64::from(src) + 1 };
+        check!(v == want, "reply from {src}: {v}");
+    }
+    check!(bigs.borrow()[0] == ((me + n - 1) % n, 100_000, true), "large message: {:?}", bigs.borrow());
+    if me == 0 {
+        let r = refused.borrow().clone().unwrap_or_default();
+        check!(r == "refused send", "blocking call in a handler: {r}");
+    }
+    // Keep serving the others (their handlers run only when we extract) until everyone is done.
+    for d in 0..n {
+        let s = am.begin_message_blocking(d, 0, 5).map_err(e2s)?;
+        s.end_message().map_err(e2s)?;
+    }
+    while *done.borrow() < n {
+        am.extract(usize::MAX).map_err(e2s)?;
+        check!(t.elapsed().as_secs() < 90, "only {} ranks said done", done.borrow());
+    }
+    Ok(())
 }
