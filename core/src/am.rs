@@ -23,7 +23,9 @@
 //! Handlers may not block on the network: inside a handler every blocking
 //! call of the communicator answers [`Error::InHandler`], and replies go
 //! through [`Replies`], which queues them when there is no credit (FM's rule:
-//! a handler never waits for credit). A handler's replies are eager-sized.
+//! a handler never waits for credit). Sending never blocks: the engine owns
+//! the message until it has gone (a large one until the receiver's extract
+//! has read it).
 
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -94,7 +96,7 @@ pub struct Replies {
 }
 
 impl Replies {
-    /// Sends `data` to handler `handler` of rank `dest` (eager-sized).
+    /// Sends `data` to handler `handler` of rank `dest`.
     pub fn send(&mut self, dest: u32, handler: u32, data: Vec<u8>) {
         self.queued.push((dest, handler, data));
     }
@@ -183,12 +185,9 @@ impl<'c> ActiveMessages<'c> {
 
     fn send_now(&self, dest: u32, handler: u32, data: Vec<u8>) -> Result<()> {
         let w = self.comm.check_rank("active message destination", dest)?;
-        let eager = self.comm.sh.engine.borrow().max_eager();
-        if data.len() <= eager {
-            return self.comm.sh.engine.borrow_mut().send_owned(self.comm.am_ctx(), handler, w, data);
-        }
-        // Large: a rendezvous from our buffer, completed before we return.
-        self.comm.send_on(self.comm.am_ctx(), &data, dest, handler)
+        // Never blocks: the engine owns the data until it is sent (a large message
+        // stays exposed until the receiver's extract has read it).
+        self.comm.sh.engine.borrow_mut().send_owned(self.comm.am_ctx(), handler, w, data)
     }
 
     /// Runs handlers of arrived messages until `max_bytes` are processed (FM's
@@ -228,8 +227,7 @@ impl<'c> ActiveMessages<'c> {
                 }
             }
             for (dest, h, d) in replies.queued {
-                let w = self.comm.check_rank("reply destination", dest)?;
-                sh.engine.borrow_mut().send_owned(ctx, h, w, d)?;
+                self.send_now(dest, h, d)?;
             }
             done += data.len().max(1);
         }

@@ -160,5 +160,7 @@ fn active_messages_run_handlers_reply_and_report_missing_credit() {
         run_ok_env(np, "am", &[("FMX_AM_DIR", dir.to_str().unwrap()), ("FMX_SHM_POOL_SLOTS", &slots)]);
         std::fs::remove_dir_all(&dir).unwrap();
     }
-    run_ok(3, "am"); // default pool
+    for np in [3, 5, 8] {
+        run_ok(np, "am"); // default pool: large messages around a ring of ranks
+    }
 }

@@ -307,7 +307,11 @@ impl Engine {
                 }
                 Deferred::WriteHalf { req, peer, key, recv_cookie } => {
                     let fin = MsgHeader::control(MsgKind::Fin, 0, key.len, recv_cookie, 0);
-                    let src = self.reqs.get(req).and_then(|r| r.buf).and_then(|b| lend.get(b));
+                    let src = self.reqs.get(req).and_then(|r| match (&r.owned, r.buf) {
+                        (Some(v), _) => Some(&v[..]),
+                        (None, Some(b)) => lend.get(b),
+                        (None, None) => None,
+                    });
                     let r = match src {
                         Some(src) => {
                             let n = src.len().min(key.len as usize);
@@ -457,10 +461,17 @@ impl Engine {
     /// allow, else queued behind earlier sends to `dest` (never blocks).
     pub(crate) fn send_owned(&mut self, ctx: u32, tag: u32, dest: u32, data: Vec<u8>) -> Result<()> {
         if data.len() > self.max_eager {
-            return Err(Error::InvalidCount {
-                what: "queued send",
-                detail: format!("{} bytes exceed the eager limit of {} bytes", data.len(), self.max_eager),
-            });
+            // Rendezvous from the vector we now own (its heap buffer does not move);
+            // the request frees itself, and the vector, when the receiver says FIN.
+            let key = self.tp.expose(&data)?;
+            let len = data.len() as u64;
+            let req = self.reqs.insert(WaitsOn::Peer(dest), "sending an active message");
+            if let Some(r) = self.reqs.get_mut(req) {
+                r.exposed = Some(key);
+                r.owned = Some(data);
+            }
+            let header = MsgHeader::control(MsgKind::Rts, match_bits(ctx, tag), len, req.cookie(), RemoteKey::BYTES);
+            return self.send_control(dest, header, Payload::Key(key.encode()));
         }
         let header = MsgHeader::eager(match_bits(ctx, tag), data.len(), 0);
         if self.outq[queue(dest, MsgKind::Eager)].is_empty() && self.tp.try_send(dest, &header, &data)? == SendOutcome::Sent {
@@ -476,11 +487,6 @@ impl Engine {
             return SendOutcome::Backpressure;
         }
         self.tp.credit(dest)
-    }
-
-    /// The largest eager payload.
-    pub(crate) fn max_eager(&self) -> usize {
-        self.max_eager
     }
 
     /// Takes the earliest unexpected eager message on `ctx` (any source, any tag):

@@ -74,6 +74,9 @@ pub(crate) struct Req {
     pub(crate) partial: Option<RawStatus>,
     /// A rendezvous send's buffer (the sender copies half of it on CTS).
     pub(crate) buf: Option<fmx_transport::lend::Lent>,
+    /// A send whose data the engine owns (active messages): nobody waits for
+    /// it, and the slot frees itself when the operation ends.
+    pub(crate) owned: Option<Vec<u8>>,
 }
 
 /// The slab of requests.
@@ -95,6 +98,7 @@ impl Requests {
             r.parts_left = 1;
             r.partial = None;
             r.buf = None;
+            r.owned = None;
             ReqId::new(idx, r.generation)
         } else {
             self.slots.push(Req {
@@ -107,6 +111,7 @@ impl Requests {
                 parts_left: 1,
                 partial: None,
                 buf: None,
+                owned: None,
             });
             ReqId::new(self.slots.len() as u32 - 1, 0)
         }
@@ -126,7 +131,9 @@ impl Requests {
 
     pub(crate) fn complete(&mut self, id: ReqId, st: RawStatus) {
         if let Some(r) = self.get_mut(id) {
-            if matches!(r.state, State::Pending) {
+            if r.owned.is_some() {
+                self.discard(id);
+            } else if matches!(r.state, State::Pending) {
                 r.state = State::Done(st);
             }
         }
@@ -146,7 +153,10 @@ impl Requests {
 
     pub(crate) fn fail(&mut self, id: ReqId, e: Error) {
         if let Some(r) = self.get_mut(id) {
-            if matches!(r.state, State::Pending) {
+            if r.owned.is_some() {
+                // Nobody waits for an owned send; its failure shows in the peer's state.
+                self.discard(id);
+            } else if matches!(r.state, State::Pending) {
                 r.state = State::Failed(e);
             }
         }
@@ -171,6 +181,7 @@ impl Requests {
         if let Some(r) = self.get_mut(id) {
             r.live = false;
             r.state = State::Pending;
+            r.owned = None;
             r.generation = r.generation.wrapping_add(1);
             self.free.push(id.idx);
         }
