@@ -340,11 +340,18 @@ impl Engine {
         self.reqs.take(id)
     }
 
-    /// Drives progress until `id` is finished, failing it if the peers it needs are gone.
-    pub(crate) fn wait(&mut self, lend: &mut LendTable, id: ReqId) -> Result<()> {
+    /// Drives progress until `done`: polls, spins a little when idle, then
+    /// yields the core (a peer may share it), and runs `check` every
+    /// `LIVENESS_EVERY` of idleness so that a dead peer ends the wait.
+    fn progress_until(
+        &mut self,
+        lend: &mut LendTable,
+        done: impl Fn(&Self) -> bool,
+        mut check: impl FnMut(&mut Self, &mut LendTable) -> Result<()>,
+    ) -> Result<()> {
         let mut idle = 0u32;
-        let mut last_check = None::<Instant>;
-        while self.reqs.is_pending(id) {
+        let mut last_check = Instant::now();
+        while !done(self) {
             if self.progress(lend)? > 0 {
                 idle = 0;
                 continue;
@@ -353,19 +360,18 @@ impl Engine {
             if idle < self.spin_polls {
                 continue;
             }
-            // Let a peer that shares our core run (oversubscription).
             std::thread::yield_now();
-            let now = Instant::now();
-            match last_check {
-                Some(t) if now.duration_since(t) < LIVENESS_EVERY => {}
-                Some(_) => {
-                    last_check = Some(now);
-                    self.check_liveness(lend, id)?;
-                }
-                None => last_check = Some(now),
+            if last_check.elapsed() >= LIVENESS_EVERY {
+                last_check = Instant::now();
+                check(self, lend)?;
             }
         }
         Ok(())
+    }
+
+    /// Drives progress until `id` is finished, failing it if the peers it needs are gone.
+    pub(crate) fn wait(&mut self, lend: &mut LendTable, id: ReqId) -> Result<()> {
+        self.progress_until(lend, |e| !e.reqs.is_pending(id), |e, l| e.check_liveness(l, id))
     }
 
     fn check_liveness(&mut self, lend: &mut LendTable, id: ReqId) -> Result<()> {
@@ -429,32 +435,22 @@ impl Engine {
     /// Drives progress until no send waits for credits; fails if a peer we
     /// still owe messages is gone.
     pub(crate) fn drain_queued(&mut self, lend: &mut LendTable) -> Result<()> {
-        let mut idle = 0u32;
-        let mut last_check = Instant::now();
-        while self.queued > 0 {
-            if self.progress(lend)? > 0 {
-                idle = 0;
-                continue;
-            }
-            idle += 1;
-            if idle < self.spin_polls {
-                continue;
-            }
-            std::thread::yield_now();
-            if last_check.elapsed() >= LIVENESS_EVERY {
-                last_check = Instant::now();
-                let dests: Vec<u32> = (0..self.outq.len()).filter(|&q| !self.outq[q].is_empty()).map(|q| (q / 2) as u32).collect();
-                if let Some((peer, state)) = dests.into_iter().find_map(|p| self.gone(p).map(|s| (p, s))) {
-                    return Err(Error::PeerGone {
+        self.progress_until(
+            lend,
+            |e| e.queued == 0,
+            |e, _| {
+                let dests: Vec<u32> = (0..e.outq.len()).filter(|&q| !e.outq[q].is_empty()).map(|q| (q / 2) as u32).collect();
+                match dests.into_iter().find_map(|p| e.gone(p).map(|s| (p, s))) {
+                    Some((peer, state)) => Err(Error::PeerGone {
                         rank: peer,
                         world_rank: peer,
                         during: "finalizing (sends still queued)".into(),
                         reason: gone_reason(state),
-                    });
+                    }),
+                    None => Ok(()),
                 }
-            }
-        }
-        Ok(())
+            },
+        )
     }
 
     /// Sends an eager-sized message whose data the engine keeps: now if credits
