@@ -52,6 +52,7 @@ mod engine;
 mod error;
 mod join;
 pub mod launcher;
+mod registered;
 mod scope;
 mod select;
 mod status;
@@ -64,7 +65,8 @@ pub use coll::{Op, Reduce};
 pub use comm::Comm;
 pub use comm::SendAttempt;
 pub use error::{Error, Result};
-pub use fmx_transport::ReceiveMemory;
+pub use fmx_transport::{ReceiveMemory, RegistrationStats};
+pub use registered::Registered;
 pub use scope::{Request, Scope};
 pub use select::TRANSPORT_NAMES;
 pub use status::{Source, Status, Tag, TAG_UB};
@@ -147,6 +149,24 @@ impl Fmx {
     pub fn reallocate_credits(&self) -> Result<()> {
         self.world.sh.check_live("reallocate_credits")?;
         join::reallocate_credits(&self.world)
+    }
+
+    /// A zeroed buffer of `len` elements registered with the transport for its
+    /// lifetime: sends and receives on it need no registration of their own.
+    pub fn alloc_registered<T: bytemuck::AnyBitPattern + bytemuck::NoUninit>(&self, len: usize) -> Result<Registered<T>> {
+        self.world.sh.check_live("alloc_registered")?;
+        Registered::new(&self.world.sh, len)
+    }
+
+    /// How the transport's memory registrations went (zeros where nothing is registered).
+    pub fn registration_stats(&self) -> RegistrationStats {
+        use fmx_transport::Endpoint;
+        self.world.sh.engine.borrow().tp.registration_stats()
+    }
+
+    /// The transport this process uses ("loopback", "shm", "verbs").
+    pub fn transport_name(&self) -> &'static str {
+        self.world.sh.engine.borrow().tp.name()
     }
 
     /// Where this process's receive memory goes.

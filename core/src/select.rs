@@ -5,14 +5,23 @@
 
 use fmx_shm::{ShmConfig, ShmEndpoint, ShmSetup};
 use fmx_transport::loopback::Loopback;
-use fmx_transport::{Endpoint, MsgHeader, OpStatus, PeerId, PeerState, ReceiveMemory, RemoteKey, SendOutcome, TransportError};
+use fmx_transport::{
+    Endpoint, MsgHeader, OpStatus, PeerId, PeerState, ReceiveMemory, RegistrationStats, RemoteKey, SendOutcome, TransportError,
+};
+#[cfg(feature = "verbs")]
+use fmx_verbs::{VerbsConfig, VerbsEndpoint, VerbsSetup};
 
 use crate::bootstrap::Bootstrap;
 use crate::error::{Error, Result};
 
 /// The transports this build knows, by the names `FMX_TRANSPORT` and
 /// `fmxrun --transport` accept.
+#[cfg(not(feature = "verbs"))]
 pub const TRANSPORT_NAMES: &[&str] = &["auto", "shm"];
+/// The transports this build knows, by the names `FMX_TRANSPORT` and
+/// `fmxrun --transport` accept.
+#[cfg(feature = "verbs")]
+pub const TRANSPORT_NAMES: &[&str] = &["auto", "shm", "verbs"];
 
 /// A concrete endpoint.
 pub(crate) enum Transport {
@@ -20,6 +29,9 @@ pub(crate) enum Transport {
     Loopback(Loopback),
     /// Processes on one host.
     Shm(ShmEndpoint),
+    /// RDMA queue pairs (InfiniBand, RoCE, Soft-RoCE).
+    #[cfg(feature = "verbs")]
+    Verbs(Box<VerbsEndpoint>),
 }
 
 impl Transport {
@@ -28,6 +40,8 @@ impl Transport {
         match self {
             Self::Loopback(_) => "loopback",
             Self::Shm(_) => "shm",
+            #[cfg(feature = "verbs")]
+            Self::Verbs(_) => "verbs",
         }
     }
 }
@@ -40,6 +54,15 @@ pub(crate) fn open(boot: &mut Bootstrap) -> Result<Transport> {
     }
     if boot.size() == 1 {
         return Ok(Transport::Loopback(Loopback::new()));
+    }
+    #[cfg(feature = "verbs")]
+    if choice == "verbs" {
+        let setup = VerbsSetup::create(VerbsConfig::from_env(boot.rank(), boot.size())?)?;
+        let addresses = boot.allgather(&setup.address())?;
+        let ep = setup.connect(&addresses)?;
+        // Every queue pair is ready to receive before anyone sends.
+        boot.barrier()?;
+        return Ok(Transport::Verbs(Box::new(ep)));
     }
     // Every rank of an fmxrun job is on this host: shared memory.
     let cfg = ShmConfig::from_env(&boot.job_id(), boot.rank(), boot.size())?;
@@ -62,6 +85,8 @@ macro_rules! dispatch {
         match $self {
             Transport::Loopback($ep) => $e,
             Transport::Shm($ep) => $e,
+            #[cfg(feature = "verbs")]
+            Transport::Verbs($ep) => $e,
         }
     };
 }
@@ -119,6 +144,15 @@ impl Endpoint for Transport {
     }
     fn receive_memory(&self) -> ReceiveMemory {
         dispatch!(self, ep => ep.receive_memory())
+    }
+    fn register_owned(&mut self, region: &[u8]) -> Result<(), TransportError> {
+        dispatch!(self, ep => ep.register_owned(region))
+    }
+    fn deregister_owned(&mut self, region: &[u8]) {
+        dispatch!(self, ep => ep.deregister_owned(region));
+    }
+    fn registration_stats(&self) -> RegistrationStats {
+        dispatch!(self, ep => ep.registration_stats())
     }
     fn finalize(&mut self) -> Result<(), TransportError> {
         dispatch!(self, ep => ep.finalize())

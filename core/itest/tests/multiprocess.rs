@@ -10,11 +10,23 @@ fn launch_env(np: u32, scenario: &str, env: &[(&str, &str)]) -> (fmx::launcher::
     let mut l = fmx::launcher::Launch::new(np, env!("CARGO_BIN_EXE_fmx-itest-rank"));
     l.env = env.iter().map(|(k, v)| (k.into(), v.into())).collect();
     l.args = vec![scenario.into()];
+    // FMX_ITEST_TRANSPORT=verbs runs the suite over verbs (inside the Soft-RoCE VM).
+    l.transport = transport();
     l.capture = true;
     l.timeout = Some(Duration::from_secs(600));
     let t = std::time::Instant::now();
     let o = l.run().expect("launch");
     (o, t.elapsed())
+}
+
+fn transport() -> Option<String> {
+    std::env::var("FMX_ITEST_TRANSPORT").ok().filter(|t| !t.is_empty())
+}
+
+/// Message counts divided by `FMX_ITEST_SCALE` (the emulated VM runs 1/100 of them).
+fn scaled(n: u64) -> String {
+    let div = std::env::var("FMX_ITEST_SCALE").ok().and_then(|v| v.parse::<u64>().ok()).unwrap_or(1).max(1);
+    (n / div).max(1).to_string()
 }
 
 fn dump(o: &fmx::launcher::Outcome) -> String {
@@ -31,6 +43,10 @@ fn run_ok_env(np: u32, scenario: &str, env: &[(&str, &str)]) -> fmx::launcher::O
     assert_eq!(o.code, 0, "{scenario} on {np} ranks failed:\n{}", dump(&o));
     let oks = o.lines.iter().filter(|(_, e, l)| !e && *l == format!("OK {scenario}")).count();
     assert_eq!(oks, np as usize, "{scenario} on {np} ranks: {oks} ranks said OK:\n{}", dump(&o));
+    if let (Some(t), true) = (transport(), np > 1) {
+        let on = o.lines.iter().filter(|(_, _, l)| *l == format!("TRANSPORT {t}")).count();
+        assert_eq!(on, np as usize, "{scenario}: {on} of {np} ranks ran over {t}:\n{}", dump(&o));
+    }
     assert_no_files(&o.job);
     o
 }
@@ -117,16 +133,18 @@ fn a_dead_rank_is_named_by_the_others_within_10_s() {
 #[test]
 fn stress_all_to_all_with_one_slot_per_peer() {
     // 8 ranks, 10^5 messages per ordered pair, an eager pool of 7 slots: 1 per peer.
-    let o = run_ok_env(8, "stress", &[("FMX_SHM_POOL_SLOTS", "7"), ("STRESS_MSGS", "100000")]);
-    assert_eq!(o.lines.iter().filter(|(_, _, l)| l.starts_with("STRESS n=8 msgs_per_pair=100000")).count(), 8);
+    let msgs = scaled(100_000);
+    let o = run_ok_env(8, "stress", &[("FMX_POOL_SLOTS", "7"), ("STRESS_MSGS", &msgs)]);
+    assert_eq!(o.lines.iter().filter(|(_, _, l)| l.starts_with(&format!("STRESS n=8 msgs_per_pair={msgs}"))).count(), 8);
 }
 
 #[test]
 fn stress_random_sizes_across_the_eager_limit() {
     // Slots of 256 bytes hold 216 bytes of payload; sizes 0..=512 cross into rendezvous.
-    let env = [("FMX_SHM_POOL_SLOTS", "7"), ("FMX_SHM_SLOT_BYTES", "256"), ("STRESS_MAX_BYTES", "512"), ("STRESS_MSGS", "100000")];
+    let msgs = scaled(100_000);
+    let env = [("FMX_POOL_SLOTS", "7"), ("FMX_SLOT_BYTES", "256"), ("STRESS_MAX_BYTES", "512"), ("STRESS_MSGS", &msgs)];
     let o = run_ok_env(8, "stress-sizes", &env);
-    assert_eq!(o.lines.iter().filter(|(_, _, l)| l.starts_with("STRESS n=8 msgs_per_pair=100000")).count(), 8);
+    assert_eq!(o.lines.iter().filter(|(_, _, l)| l.starts_with(&format!("STRESS n=8 msgs_per_pair={msgs}"))).count(), 8);
 }
 
 #[test]
@@ -137,7 +155,7 @@ fn join_follows_the_send_rule_and_keeps_receive_memory_fixed() {
         let dir = std::env::temp_dir().join(format!("fmx-join-{}-{np}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
-        let env = [("FMX_SHM_POOL_SLOTS", "42"), ("FMX_JOIN_DIR", dir.to_str().unwrap())];
+        let env = [("FMX_POOL_SLOTS", "42"), ("FMX_SLOT_BYTES", "16384"), ("FMX_JOIN_DIR", dir.to_str().unwrap())];
         let o = run_ok_env(np, "join", &env);
         let mems: Vec<&String> = o.lines.iter().filter(|(_, _, l)| l.starts_with("RECVMEM")).map(|(_, _, l)| l).collect();
         assert_eq!(mems.len(), np as usize);
@@ -157,10 +175,24 @@ fn active_messages_run_handlers_reply_and_report_missing_credit() {
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
         let slots = (np - 1).to_string();
-        run_ok_env(np, "am", &[("FMX_AM_DIR", dir.to_str().unwrap()), ("FMX_SHM_POOL_SLOTS", &slots)]);
+        run_ok_env(np, "am", &[("FMX_AM_DIR", dir.to_str().unwrap()), ("FMX_POOL_SLOTS", &slots)]);
         std::fs::remove_dir_all(&dir).unwrap();
     }
     for np in [3, 5, 8] {
         run_ok(np, "am"); // default pool: large messages around a ring of ranks
+    }
+}
+
+#[test]
+fn registered_buffers_register_once_and_plain_slices_never_go_stale() {
+    let o = run_ok(2, "registered");
+    let stats: Vec<&String> = o.lines.iter().filter(|(_, _, l)| l.starts_with("REGSTATS")).map(|(_, _, l)| l).collect();
+    assert_eq!(stats.len(), 2, "{}", dump(&o));
+    if transport().as_deref() == Some("verbs") {
+        // 100 rendezvous sends of one registered buffer: one registration, 100 hits.
+        for s in &stats {
+            assert!(s.contains("owned_registrations=1 ") && s.contains("per_op_during_owned=0 "), "{s}");
+        }
+        assert!(stats.iter().all(|s| s.contains("owned_hits=100 ")), "{stats:?}");
     }
 }

@@ -17,12 +17,12 @@
 pub(crate) mod matching;
 pub(crate) mod requests;
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
 use fmx_transport::lend::{LendTable, Lent};
-use fmx_transport::{Endpoint, MsgHeader, MsgKind, PeerState, RemoteKey, SendOutcome};
+use fmx_transport::{Endpoint, MsgHeader, MsgKind, OpStatus, PeerState, RemoteKey, SendOutcome, TransportError};
 
 use crate::error::{Error, Result};
 use crate::select::Transport;
@@ -99,6 +99,16 @@ enum Deferred {
     Revoke(RemoteKey),
 }
 
+/// A rendezvous read or write the transport reported as pending.
+struct InflightOp {
+    req: ReqId,
+    peer: u32,
+    fin: MsgHeader,
+    status: RawStatus,
+    /// Half of a split transfer: the request needs both halves.
+    part: bool,
+}
+
 pub(crate) struct Engine {
     pub(crate) tp: Transport,
     me: u32,
@@ -110,6 +120,9 @@ pub(crate) struct Engine {
     outq: Vec<VecDeque<Outgoing>>,
     queued: usize,
     deferred: Vec<Deferred>,
+    /// One-sided operations the transport finishes asynchronously (verbs): on
+    /// completion the request completes (or half-completes) and the FIN goes out.
+    inflight: HashMap<u64, InflightOp>,
     /// A fatal protocol error found inside a poll callback.
     poison: Option<Error>,
     spin_polls: u32,
@@ -128,6 +141,7 @@ impl Engine {
             outq: (0..2 * size).map(|_| VecDeque::new()).collect(),
             queued: 0,
             deferred: Vec::new(),
+            inflight: HashMap::new(),
             poison: None,
             spin_polls: if oversubscribed { SPIN_POLLS_OVERSUBSCRIBED } else { SPIN_POLLS },
         }
@@ -265,7 +279,42 @@ impl Engine {
         if !self.deferred.is_empty() {
             self.run_deferred(lend)?;
         }
+        if !self.inflight.is_empty() {
+            n += self.finish_inflight()?;
+        }
         Ok(n)
+    }
+
+    /// Completes the requests whose one-sided operations the transport finished.
+    fn finish_inflight(&mut self) -> Result<usize> {
+        let mut done = Vec::new();
+        self.tp.poll_ops(|id, r| done.push((id, r)))?;
+        for (id, r) in &mut done {
+            let Some(op) = self.inflight.remove(id) else { continue };
+            match std::mem::replace(r, Ok(())) {
+                Ok(()) if op.part => self.reqs.part_done(op.req, op.status),
+                Ok(()) => self.reqs.complete(op.req, op.status),
+                Err(e) => self.reqs.fail(op.req, e.into()),
+            }
+            self.send_control(op.peer, op.fin, Payload::None)?;
+        }
+        Ok(done.len())
+    }
+
+    /// Records what a one-sided operation's outcome means for its request;
+    /// the FIN goes out now (done or failed) or when the operation completes.
+    fn after_one_sided(&mut self, r: std::result::Result<OpStatus, TransportError>, op: InflightOp) -> Result<()> {
+        match r {
+            Ok(OpStatus::Pending(id)) => {
+                self.inflight.insert(id, op);
+                return Ok(());
+            }
+            Ok(OpStatus::Done) if op.part => self.reqs.part_done(op.req, op.status),
+            Ok(OpStatus::Done) => self.reqs.complete(op.req, op.status),
+            Err(e) => self.reqs.fail(op.req, e.into()),
+        }
+        // The peer waits for FIN (we are done with its buffer) whatever happened here.
+        self.send_control(op.peer, op.fin, Payload::None)
     }
 
     fn run_deferred(&mut self, lend: &mut LendTable) -> Result<()> {
@@ -297,13 +346,8 @@ impl Engine {
                     } else {
                         n
                     };
-                    match key.slice(peer, 0, mine as u64).and_then(|k| self.tp.read(peer, &k, &mut dst[..mine])) {
-                        Ok(_) if split => self.reqs.part_done(req, status),
-                        Ok(_) => self.reqs.complete(req, status),
-                        Err(e) => self.reqs.fail(req, e.into()),
-                    }
-                    // The sender waits for FIN (we are done with its buffer) whatever happened here.
-                    self.send_control(peer, fin, Payload::None)?;
+                    let r = key.slice(peer, 0, mine as u64).and_then(|k| self.tp.read(peer, &k, &mut dst[..mine]));
+                    self.after_one_sided(r, InflightOp { req, peer, fin, status, part: split })?;
                 }
                 Deferred::WriteHalf { req, peer, key, recv_cookie } => {
                     let fin = MsgHeader::control(MsgKind::Fin, 0, key.len, recv_cookie, 0);
@@ -316,15 +360,12 @@ impl Engine {
                         Some(src) => {
                             let n = src.len().min(key.len as usize);
                             let half = (n / 2) & !63;
-                            key.slice(peer, half as u64, (n - half) as u64).and_then(|k| self.tp.write(peer, &src[half..n], &k)).map(drop)
+                            key.slice(peer, half as u64, (n - half) as u64).and_then(|k| self.tp.write(peer, &src[half..n], &k))
                         }
                         None => Err(fmx_transport::TransportError::Malformed { peer, what: "CTS for a send that is no longer pending" }),
                     };
-                    match r {
-                        Ok(()) => self.reqs.part_done(req, RawStatus { src: self.me, tag: 0, sent: key.len, capacity: key.len }),
-                        Err(e) => self.reqs.fail(req, e.into()),
-                    }
-                    self.send_control(peer, fin, Payload::None)?;
+                    let status = RawStatus { src: self.me, tag: 0, sent: key.len, capacity: key.len };
+                    self.after_one_sided(r, InflightOp { req, peer, fin, status, part: true })?;
                 }
             }
         }

@@ -54,6 +54,19 @@ pub enum PeerState {
     Dead,
 }
 
+/// How a transport's memory registrations went (all zero where nothing is registered).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RegistrationStats {
+    /// Registrations made, of every kind (pools, owned buffers, per operation).
+    pub registrations: u64,
+    /// Registrations made for one operation on a plain user slice.
+    pub per_operation: u64,
+    /// Operations that used a buffer registered for its lifetime (no registration).
+    pub owned_hits: u64,
+    /// Operations copied through pooled, pre-registered bounce buffers.
+    pub bounced: u64,
+}
+
 /// What a peer needs to access an exposed buffer with a one-sided operation:
 /// travels inside a rendezvous control message. 24 bytes on the wire.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -136,9 +149,12 @@ pub trait Endpoint: Send {
     fn revoke(&mut self, key: &RemoteKey);
 
     /// Reads `local.len()` bytes of `peer`'s exposed `remote` region into `local`.
+    /// When it answers [`OpStatus::Pending`], the caller keeps `local` alive,
+    /// unmoved and untouched until [`Endpoint::poll_ops`] reports the id.
     fn read(&mut self, peer: PeerId, remote: &RemoteKey, local: &mut [u8]) -> Result<OpStatus, TransportError>;
 
-    /// Writes `local` into `peer`'s exposed `remote` region.
+    /// Writes `local` into `peer`'s exposed `remote` region (`local` kept alive
+    /// until completion, as for [`Endpoint::read`]).
     fn write(&mut self, peer: PeerId, local: &[u8], remote: &RemoteKey) -> Result<OpStatus, TransportError>;
 
     /// Reports one-sided operations that completed since the last call.
@@ -156,6 +172,26 @@ pub trait Endpoint: Send {
 
     /// Where our receive memory goes.
     fn receive_memory(&self) -> ReceiveMemory;
+
+    /// Registers memory the caller owns and keeps until
+    /// [`Endpoint::deregister_owned`] (a registered buffer): operations on it
+    /// then need no registration of their own. Transports without
+    /// registration do nothing.
+    fn register_owned(&mut self, region: &[u8]) -> Result<(), TransportError> {
+        let _ = region;
+        Ok(())
+    }
+
+    /// Ends the registration of a region given to [`Endpoint::register_owned`],
+    /// before its memory is freed.
+    fn deregister_owned(&mut self, region: &[u8]) {
+        let _ = region;
+    }
+
+    /// Counts of registrations, for tests and reports.
+    fn registration_stats(&self) -> RegistrationStats {
+        RegistrationStats::default()
+    }
 
     /// Announces that this process sends nothing more (peers see
     /// [`PeerState::Finalized`]) and releases transport resources.

@@ -63,6 +63,19 @@ pub enum TransportError {
         #[source]
         source: std::io::Error,
     },
+    /// The device reported a failed work request (retry exceeded, remote
+    /// access error, receiver not ready, flushed after an earlier error).
+    #[error("{op} with peer {peer} failed on device {device}: {status}")]
+    Completion {
+        /// The operation (send, RDMA write, RDMA read).
+        op: &'static str,
+        /// The peer index.
+        peer: PeerId,
+        /// The device name.
+        device: String,
+        /// The completion status, as the device named it.
+        status: String,
+    },
     /// A one-sided or send operation failed in the OS or the device.
     #[error("{op} with peer {peer} failed: {source}")]
     Io {

@@ -35,9 +35,10 @@ pub mod endpoint;
 pub mod error;
 pub mod header;
 pub mod lend;
+pub mod liveness;
 pub mod loopback;
 pub mod pool;
 
-pub use endpoint::{Endpoint, OpStatus, PeerId, PeerState, ReceiveMemory, RemoteKey, SendOutcome};
+pub use endpoint::{Endpoint, OpStatus, PeerId, PeerState, ReceiveMemory, RegistrationStats, RemoteKey, SendOutcome};
 pub use error::TransportError;
 pub use header::{MsgHeader, MsgKind, HEADER_BYTES};

@@ -8,9 +8,9 @@ use fmx_transport::{Endpoint, MsgHeader, MsgKind, OpStatus, PeerId, PeerState, R
 
 use crate::cma;
 use crate::layout::{state, Layout, CTRL_SLOTS, OWN_SLOTS};
-use crate::liveness::PeerWatch;
 use crate::ring::{RxRing, TxRing};
 use crate::segment::{segment_path, shm_dir, validate_job_id, Segment};
+use fmx_transport::liveness::PeerWatch;
 
 /// Default eager pool per process, in slots (`P`), shared by all peers.
 pub const DEFAULT_POOL_SLOTS: u32 = 64;
@@ -42,7 +42,8 @@ pub struct ShmConfig {
 }
 
 impl ShmConfig {
-    /// Defaults, overridden by `FMX_SHM_POOL_SLOTS`, `FMX_SHM_SLOT_BYTES`,
+    /// Defaults, overridden by `FMX_SHM_POOL_SLOTS`, `FMX_SHM_SLOT_BYTES` (or the
+    /// names every transport reads, `FMX_POOL_SLOTS`, `FMX_SLOT_BYTES`),
     /// `FMX_NEWCOMER_CREDITS`, `FMX_CREDIT_THRESHOLD` and `FMX_SHM_DIR`.
     pub fn from_env(job: &str, rank: u32, size: u32) -> Result<Self, TransportError> {
         let num = |var: &str| -> Result<Option<usize>, TransportError> {
@@ -58,8 +59,8 @@ impl ShmConfig {
             job: job.to_owned(),
             rank,
             size,
-            pool: num("FMX_SHM_POOL_SLOTS")?.map_or(DEFAULT_POOL_SLOTS, |n| n as u32),
-            slot_bytes: num("FMX_SHM_SLOT_BYTES")?.unwrap_or(DEFAULT_SLOT_BYTES),
+            pool: num("FMX_SHM_POOL_SLOTS")?.or(num("FMX_POOL_SLOTS")?).map_or(DEFAULT_POOL_SLOTS, |n| n as u32),
+            slot_bytes: num("FMX_SHM_SLOT_BYTES")?.or(num("FMX_SLOT_BYTES")?).unwrap_or(DEFAULT_SLOT_BYTES),
             newcomer: num("FMX_NEWCOMER_CREDITS")?.map_or(DEFAULT_NEWCOMER_CREDITS, |n| n as u32),
             threshold: num("FMX_CREDIT_THRESHOLD")?.map(|n| n as u32),
             dir: shm_dir(),

@@ -28,7 +28,6 @@
 pub mod cma;
 pub mod endpoint;
 pub mod layout;
-pub mod liveness;
 pub mod ring;
 pub mod segment;
 

@@ -1,4 +1,4 @@
-//! Noticing that a peer process is gone: a pidfd per peer, readable once the
+//! Noticing that a peer process on this host is gone: a pidfd per peer, readable once the
 //! process has exited (even before its parent reaps it).
 
 use std::os::fd::{FromRawFd, OwnedFd};

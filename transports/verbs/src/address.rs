@@ -1,0 +1,108 @@
+//! What a rank publishes through the bootstrap so that every peer can
+//! connect its queue pair to ours and write credits into our mailbox.
+
+use fmx_transport::{PeerId, TransportError};
+
+/// One rank's connection information.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Address {
+    pub(crate) pid: u32,
+    /// Same boot id and PID namespace: a pidfd can watch the process.
+    pub(crate) host: [u8; 24],
+    pub(crate) lid: u16,
+    pub(crate) global: bool,
+    pub(crate) mtu: u32,
+    pub(crate) gid: [u8; 16],
+    pub(crate) mailbox_addr: u64,
+    pub(crate) mailbox_rkey: u32,
+    /// `qp[r]`: the QP number and initial PSN this rank uses toward rank r.
+    pub(crate) qp: Vec<(u32, u32)>,
+}
+
+const FIXED: usize = 4 + 24 + 2 + 1 + 1 + 16 + 8 + 4;
+
+impl Address {
+    pub(crate) fn encode(&self) -> Vec<u8> {
+        let mut b = Vec::with_capacity(FIXED + 8 * self.qp.len());
+        b.extend_from_slice(&self.pid.to_le_bytes());
+        b.extend_from_slice(&self.host);
+        b.extend_from_slice(&self.lid.to_le_bytes());
+        b.push(u8::from(self.global));
+        b.push(self.mtu as u8);
+        b.extend_from_slice(&self.gid);
+        b.extend_from_slice(&self.mailbox_addr.to_le_bytes());
+        b.extend_from_slice(&self.mailbox_rkey.to_le_bytes());
+        for (qpn, psn) in &self.qp {
+            b.extend_from_slice(&qpn.to_le_bytes());
+            b.extend_from_slice(&psn.to_le_bytes());
+        }
+        b
+    }
+
+    pub(crate) fn decode(peer: PeerId, size: u32, b: &[u8]) -> Result<Self, TransportError> {
+        if b.len() != FIXED + 8 * size as usize {
+            return Err(TransportError::Malformed {
+                peer,
+                what: "verbs address of the wrong length (different fmx versions or job sizes?)",
+            });
+        }
+        let u32_at = |i: usize| u32::from_le_bytes(b[i..i + 4].try_into().expect("4 bytes"));
+        let mut host = [0u8; 24];
+        host.copy_from_slice(&b[4..28]);
+        let mut gid = [0u8; 16];
+        gid.copy_from_slice(&b[32..48]);
+        let qp = (0..size as usize).map(|r| (u32_at(FIXED + 8 * r), u32_at(FIXED + 8 * r + 4))).collect();
+        Ok(Self {
+            pid: u32_at(0),
+            host,
+            lid: u16::from_le_bytes([b[28], b[29]]),
+            global: b[30] != 0,
+            mtu: u32::from(b[31]),
+            gid,
+            mailbox_addr: u64::from_le_bytes(b[48..56].try_into().expect("8 bytes")),
+            mailbox_rkey: u32_at(56),
+            qp,
+        })
+    }
+}
+
+/// This host's identity for liveness: the kernel's boot id and our PID
+/// namespace (equal on both sides: the peer's pid means the same process).
+pub(crate) fn host_identity() -> [u8; 24] {
+    let mut id = [0u8; 24];
+    if let Ok(s) = std::fs::read_to_string("/proc/sys/kernel/random/boot_id") {
+        let hex: Vec<u8> = s.bytes().filter(u8::is_ascii_hexdigit).collect();
+        for (i, pair) in hex.chunks(2).take(16).enumerate() {
+            id[i] = u8::from_str_radix(std::str::from_utf8(pair).unwrap_or("0"), 16).unwrap_or(0);
+        }
+    }
+    if let Ok(meta) = std::fs::metadata("/proc/self/ns/pid") {
+        use std::os::unix::fs::MetadataExt;
+        id[16..24].copy_from_slice(&meta.ino().to_le_bytes());
+    }
+    id
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trips_and_rejects_wrong_lengths() {
+        let a = Address {
+            pid: 42,
+            host: host_identity(),
+            lid: 7,
+            global: true,
+            mtu: 3,
+            gid: [9; 16],
+            mailbox_addr: 0xdead_beef_0000,
+            mailbox_rkey: 0x1234,
+            qp: vec![(0, 0), (17, 99), (18, 100)],
+        };
+        let b = a.encode();
+        assert_eq!(Address::decode(1, 3, &b).unwrap(), a);
+        assert!(matches!(Address::decode(1, 4, &b), Err(TransportError::Malformed { peer: 1, .. })));
+        assert_ne!(host_identity(), [0; 24], "boot id or pid namespace readable");
+    }
+}

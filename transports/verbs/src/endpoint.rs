@@ -1,0 +1,1160 @@
+//! The verbs endpoint: one RC queue pair per peer, eager messages as SENDs
+//! into receive slots pre-posted on a shared receive queue (credits = slots,
+//! FM's send rule), credit returns as 8-byte RDMA WRITEs into the peer's
+//! mailbox, and rendezvous as RDMA READ/WRITE between user buffers.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use fmx_transport::credit::{Class, CreditConfig, Gate, PeerCredits};
+use fmx_transport::liveness::PeerWatch;
+use fmx_transport::pool::{HugePages, Lease, Pool, PoolConfig, RegistrationHook};
+use fmx_transport::{
+    Endpoint, MsgHeader, MsgKind, OpStatus, PeerId, PeerState, ReceiveMemory, RegistrationStats, RemoteKey, SendOutcome, TransportError,
+    HEADER_BYTES,
+};
+use memmap2::MmapMut;
+
+use crate::address::{host_identity, Address};
+use crate::device::{choose, Chosen};
+use crate::mailbox;
+use crate::registry::{Owned, Registry};
+use crate::sys::{ffi, Access, Cq, Mr, Pd, PeerPath, Qp, QpTiming, SendOp, SendWr, Srq};
+
+/// Default eager pool per process, in receive slots (`P`), shared by all peers.
+pub const DEFAULT_POOL_SLOTS: u32 = 64;
+/// Default bytes per receive slot (header included).
+pub const DEFAULT_SLOT_BYTES: usize = 8 << 10;
+/// Default newcomer credits (`c0`).
+pub const DEFAULT_NEWCOMER_CREDITS: u32 = 2;
+/// Control slots per peer (CTS, FIN) beside its data slice.
+pub const CTRL_SLOTS: u32 = 2;
+/// Messages a process may have queued to itself.
+const OWN_SLOTS: usize = 4;
+/// Plain slices up to this size go through pre-registered bounce buffers
+/// (a copy) instead of a registration per operation; see the README for the measurement.
+pub const DEFAULT_BOUNCE_MAX: usize = 64 << 10;
+/// Send work requests per queue pair.
+const SQ_DEPTH: u32 = 128;
+/// One signaled send in this many lets the send queue drain (selective signaling).
+const SIGNAL_EVERY: u32 = 16;
+/// Largest inline message built on the stack.
+const INLINE_BUF: usize = 256;
+/// Send buffers (slot-sized) per endpoint: chunks of 64, at most 4.
+const SEND_BUFS: usize = 256;
+/// Completions polled per call.
+const CQ_BATCH: usize = 16;
+/// How often an idle peer on another host is probed with a 0-byte RDMA WRITE.
+const PROBE_EVERY: Duration = Duration::from_secs(1);
+
+/// How to build the endpoint.
+#[derive(Clone, Debug)]
+pub struct VerbsConfig {
+    /// Our index.
+    pub rank: u32,
+    /// Processes in the job.
+    pub size: u32,
+    /// Eager pool slots (`P`).
+    pub pool: u32,
+    /// Bytes per slot.
+    pub slot_bytes: usize,
+    /// Newcomer credits (`c0`).
+    pub newcomer: u32,
+    /// Owed credits that trigger an explicit return (`None`: half the slice).
+    pub threshold: Option<u32>,
+    /// Use a shared receive queue when the device has one.
+    pub srq: bool,
+    /// Inline data to ask the device for (bytes).
+    pub inline: u32,
+    /// Largest plain slice copied through a bounce buffer.
+    pub bounce_max: usize,
+    /// Local ACK timeout exponent (4.096 us × 2^t per try) and retries: bound
+    /// how long a dead peer on another host takes to notice.
+    pub timeout: u8,
+    /// Transport retries before a send fails with "retry exceeded".
+    pub retry_cnt: u8,
+}
+
+fn env_num(var: &str) -> Result<Option<usize>, TransportError> {
+    match std::env::var(var) {
+        Err(_) => Ok(None),
+        Ok(v) => v.trim().parse::<usize>().map(Some).map_err(|_| TransportError::Setup {
+            what: format!("{var}={v:?} is not a non-negative integer"),
+            source: std::io::Error::from(std::io::ErrorKind::InvalidInput),
+        }),
+    }
+}
+
+impl VerbsConfig {
+    /// Defaults, overridden by `FMX_POOL_SLOTS`, `FMX_SLOT_BYTES`,
+    /// `FMX_NEWCOMER_CREDITS`, `FMX_CREDIT_THRESHOLD`, `FMX_VERBS_SRQ` (0: off),
+    /// `FMX_VERBS_INLINE`, `FMX_VERBS_BOUNCE_MAX`, `FMX_VERBS_TIMEOUT`, `FMX_VERBS_RETRY`.
+    pub fn from_env(rank: u32, size: u32) -> Result<Self, TransportError> {
+        let positive = |var: &str| -> Result<Option<usize>, TransportError> {
+            match env_num(var)? {
+                Some(0) => Err(TransportError::Setup {
+                    what: format!("{var}=0: must be positive"),
+                    source: std::io::Error::from(std::io::ErrorKind::InvalidInput),
+                }),
+                v => Ok(v),
+            }
+        };
+        Ok(Self {
+            rank,
+            size,
+            pool: positive("FMX_POOL_SLOTS")?.map_or(DEFAULT_POOL_SLOTS, |n| n as u32),
+            slot_bytes: positive("FMX_SLOT_BYTES")?.unwrap_or(DEFAULT_SLOT_BYTES).max(HEADER_BYTES + 8),
+            newcomer: positive("FMX_NEWCOMER_CREDITS")?.map_or(DEFAULT_NEWCOMER_CREDITS, |n| n as u32),
+            threshold: positive("FMX_CREDIT_THRESHOLD")?.map(|n| n as u32),
+            srq: env_num("FMX_VERBS_SRQ")?.is_none_or(|n| n != 0),
+            inline: env_num("FMX_VERBS_INLINE")?.map_or(128, |n| n as u32),
+            bounce_max: env_num("FMX_VERBS_BOUNCE_MAX")?.unwrap_or(DEFAULT_BOUNCE_MAX),
+            timeout: env_num("FMX_VERBS_TIMEOUT")?.map_or(14, |n| n.min(31) as u8),
+            retry_cnt: env_num("FMX_VERBS_RETRY")?.map_or(7, |n| n.min(7) as u8),
+        })
+    }
+
+    fn credits(&self) -> Result<CreditConfig, TransportError> {
+        let peers = self.size.saturating_sub(1).max(1);
+        let mut c = CreditConfig::for_pool(self.pool, peers, self.newcomer, self.threshold).map_err(|what| TransportError::Setup {
+            what: format!("{what} (set FMX_POOL_SLOTS to at least {peers})"),
+            source: std::io::Error::from(std::io::ErrorKind::InvalidInput),
+        })?;
+        c.ctrl = CTRL_SLOTS;
+        Ok(c)
+    }
+}
+
+/// Registers pool chunks with `ibv_reg_mr`.
+struct VerbsHook {
+    pd: Arc<Pd>,
+    access: Access,
+    count: Arc<AtomicU64>,
+}
+
+impl RegistrationHook for VerbsHook {
+    type Handle = Mr;
+    fn register(&mut self, chunk: &mut [u8]) -> Result<Mr, TransportError> {
+        self.count.fetch_add(1, Ordering::Relaxed);
+        Mr::register(&self.pd, chunk.as_ptr(), chunk.len(), self.access)
+            .map_err(|e| TransportError::Setup { what: "register a pool chunk".into(), source: e })
+    }
+    fn deregister(&mut self, handle: Mr) {
+        drop(handle);
+    }
+}
+
+/// What completes when a signaled work request toward a peer completes.
+enum Inflight {
+    /// A send buffer to give back.
+    Slot(Lease),
+    /// One piece of a one-sided operation.
+    Op(u64),
+    /// Inline sends, credit writes, probes.
+    Nothing,
+}
+
+/// The local side of a one-sided operation.
+enum Local {
+    /// A buffer registered for its lifetime, or the empty slice.
+    Owned,
+    /// Registered for this operation; deregistered when it completes.
+    PerOp(Mr),
+    /// Copied through a bounce buffer; `dst` is the user's buffer for a READ.
+    Bounce { lease: Lease, dst: Option<(*mut u8, usize)> },
+}
+
+struct Op {
+    peer: PeerId,
+    pieces: u32,
+    local: Local,
+    error: Option<TransportError>,
+}
+
+/// What backs a key handed out by `expose`.
+enum Exposure {
+    PerOp(Mr),
+    /// The peer writes into the bounce buffer; revoke copies it to `dst`.
+    Bounce {
+        lease: Lease,
+        dst: Option<(*mut u8, usize)>,
+    },
+}
+
+struct Peer {
+    qp: Qp,
+    credits: PeerCredits,
+    /// Next work-request sequence number; unsignaled requests complete with the next signaled one.
+    seq: u64,
+    inflight: VecDeque<(u64, Inflight)>,
+    unsignaled: u32,
+    mailbox_addr: u64,
+    mailbox_rkey: u32,
+    watch: Option<PeerWatch>,
+    dead: Option<String>,
+    last_probe: Instant,
+    probing: bool,
+}
+
+/// Our queue pairs exist; they are not connected yet. Publish
+/// [`VerbsSetup::address`] through the bootstrap, then [`VerbsSetup::connect`].
+pub struct VerbsSetup {
+    cfg: VerbsConfig,
+    credit: CreditConfig,
+    chosen: Chosen,
+    pd: Arc<Pd>,
+    send_cq: Arc<Cq>,
+    recv_cq: Arc<Cq>,
+    srq: Option<Arc<Srq>>,
+    qps: Vec<Option<Qp>>,
+    psns: Vec<u32>,
+    recv: MmapMut,
+    recv_mr: Mr,
+    mailbox: MmapMut,
+    mailbox_mr: Mr,
+    outbox: MmapMut,
+    outbox_mr: Mr,
+    registrations: Arc<AtomicU64>,
+}
+
+fn setup(what: &str) -> impl Fn(std::io::Error) -> TransportError + '_ {
+    move |e| TransportError::Setup { what: what.to_owned(), source: e }
+}
+
+fn anon(bytes: usize) -> Result<MmapMut, TransportError> {
+    MmapMut::map_anon(bytes.max(1)).map_err(setup("map verbs buffers"))
+}
+
+impl VerbsSetup {
+    /// Opens the device and creates our queues, receive slots and mailbox.
+    pub fn create(cfg: VerbsConfig) -> Result<Self, TransportError> {
+        let credit = cfg.credits()?;
+        let chosen = choose(cfg.rank)?;
+        let ctx = chosen.ctx.clone();
+        let pd = Pd::alloc(&ctx).map_err(setup("allocate a protection domain"))?;
+        let peers = cfg.size.saturating_sub(1);
+        let recv_slots = (cfg.pool + CTRL_SLOTS * peers) as usize;
+        let use_srq = cfg.srq && chosen.attr.max_srq > 0 && recv_slots as i32 <= chosen.attr.max_srq_wr;
+        let srq = if use_srq { Some(Srq::create(&pd, recv_slots as u32).map_err(setup("create the shared receive queue"))?) } else { None };
+        let cq_entries = (recv_slots as i32 + 64).min(chosen.attr.max_cqe);
+        let recv_cq = Cq::create(&ctx, cq_entries).map_err(setup("create the receive completion queue"))?;
+        let send_cq = Cq::create(&ctx, ((SQ_DEPTH * peers.max(1)) as i32 + 64).min(chosen.attr.max_cqe))
+            .map_err(setup("create the send completion queue"))?;
+        let per_qp_recv = (credit.slice + CTRL_SLOTS).max(1);
+        let mut qps = Vec::with_capacity(cfg.size as usize);
+        let mut psns = Vec::with_capacity(cfg.size as usize);
+        let seed = std::process::id().wrapping_mul(2_654_435_761);
+        for r in 0..cfg.size {
+            if r == cfg.rank {
+                qps.push(None);
+                psns.push(0);
+                continue;
+            }
+            let sq = SQ_DEPTH.min(chosen.attr.max_qp_wr as u32);
+            let qp = Qp::create_rc(&pd, &send_cq, &recv_cq, srq.as_ref(), sq, per_qp_recv, cfg.inline)
+                // Some devices refuse inline data; fall back to none.
+                .or_else(|_| Qp::create_rc(&pd, &send_cq, &recv_cq, srq.as_ref(), sq, per_qp_recv, 0))
+                .map_err(setup("create an RC queue pair"))?;
+            qps.push(Some(qp));
+            psns.push((seed ^ r.wrapping_mul(0x9e37_79b9)) & 0x00ff_ffff);
+        }
+        let registrations = Arc::new(AtomicU64::new(0));
+        let recv = anon(recv_slots * cfg.slot_bytes)?;
+        let recv_mr = Mr::register(&pd, recv.as_ptr(), recv.len(), Access::Local).map_err(setup("register the receive slots"))?;
+        let mailbox = anon(8 * cfg.size as usize)?;
+        let mailbox_mr =
+            Mr::register(&pd, mailbox.as_ptr(), mailbox.len(), Access::RemoteWrite).map_err(setup("register the credit mailbox"))?;
+        let outbox = anon(8 * cfg.size as usize)?;
+        let outbox_mr = Mr::register(&pd, outbox.as_ptr(), outbox.len(), Access::Local).map_err(setup("register the credit outbox"))?;
+        registrations.fetch_add(3, Ordering::Relaxed);
+        let me = Self {
+            cfg,
+            credit,
+            chosen,
+            pd,
+            send_cq,
+            recv_cq,
+            srq,
+            qps,
+            psns,
+            recv,
+            recv_mr,
+            mailbox,
+            mailbox_mr,
+            outbox,
+            outbox_mr,
+            registrations,
+        };
+        if me.srq.is_some() {
+            me.post_all_receives(&me.qps)?;
+        }
+        Ok(me)
+    }
+
+    /// Receive slot `i` goes to the SRQ, or to the QP of the peer that owns it
+    /// (a QP takes receives once it is out of RESET: after connecting).
+    fn post_all_receives(&self, qps: &[Option<Qp>]) -> Result<(), TransportError> {
+        let per_peer = (self.credit.slice + CTRL_SLOTS) as usize;
+        let slots = self.recv.len() / self.cfg.slot_bytes;
+        let peers: Vec<usize> = (0..self.cfg.size as usize).filter(|&r| r != self.cfg.rank as usize).collect();
+        for i in 0..slots {
+            let addr = self.recv_mr.addr + (i * self.cfg.slot_bytes) as u64;
+            let res = match &self.srq {
+                // SAFETY: slot i lies in the receive region registered above,
+                // owned by the endpoint until its queues are destroyed.
+                Some(srq) => unsafe { srq.post_recv(i as u64, addr, self.cfg.slot_bytes as u32, self.recv_mr.lkey()) },
+                None => match peers.get(i / per_peer.max(1)) {
+                    // SAFETY: as above, on the owning peer's QP.
+                    Some(&r) => unsafe {
+                        qps[r].as_ref().expect("a peer's QP").post_recv(i as u64, addr, self.cfg.slot_bytes as u32, self.recv_mr.lkey())
+                    },
+                    None => Ok(()), // more slots than peers × share: spare
+                },
+            };
+            res.map_err(setup("post a receive slot"))?;
+        }
+        Ok(())
+    }
+
+    /// The device this process uses.
+    pub fn chosen(&self) -> &Chosen {
+        &self.chosen
+    }
+
+    /// What peers need to reach us.
+    pub fn address(&self) -> Vec<u8> {
+        Address {
+            pid: std::process::id(),
+            host: host_identity(),
+            lid: self.chosen.port_attr.lid,
+            global: self.chosen.global,
+            mtu: self.chosen.port_attr.active_mtu,
+            gid: self.chosen.gid,
+            mailbox_addr: self.mailbox_mr.addr,
+            mailbox_rkey: self.mailbox_mr.rkey(),
+            qp: self.qps.iter().zip(&self.psns).map(|(q, &psn)| (q.as_ref().map_or(0, Qp::qpn), psn)).collect(),
+        }
+        .encode()
+    }
+
+    /// Connects our queue pair toward every peer. `addresses[r]` is rank r's [`VerbsSetup::address`].
+    pub fn connect(self, addresses: &[Vec<u8>]) -> Result<VerbsEndpoint, TransportError> {
+        let cfg = &self.cfg;
+        if addresses.len() != cfg.size as usize {
+            return Err(TransportError::Setup {
+                what: format!("verbs connect got {} addresses for a job of {}", addresses.len(), cfg.size),
+                source: std::io::Error::from(std::io::ErrorKind::InvalidInput),
+            });
+        }
+        let me = cfg.rank;
+        let mine = host_identity();
+        let timing = QpTiming {
+            port: self.chosen.port,
+            gid_index: self.chosen.gid_index,
+            timeout: cfg.timeout,
+            retry_cnt: cfg.retry_cnt,
+            rnr_retry: 6, // credits keep slots posted; an RNR means a bug, reported after retries
+            rd_atomic: self.chosen.attr.max_qp_rd_atom.clamp(1, 16) as u8,
+        };
+        let mut peers = Vec::with_capacity(cfg.size as usize);
+        let mut qpn_to_peer = Vec::new();
+        let mut decoded = Vec::with_capacity(addresses.len());
+        for (r, bytes) in addresses.iter().enumerate() {
+            let r = r as u32;
+            let a = Address::decode(r, cfg.size, bytes)?;
+            if let Some(qp) = &self.qps[r as usize] {
+                let (qpn, psn) = a.qp[me as usize];
+                let path =
+                    PeerPath { qpn, psn, lid: a.lid, gid: a.gid, global: a.global, mtu: a.mtu.min(self.chosen.port_attr.active_mtu) };
+                connect_with_retry(qp, timing, self.psns[r as usize], &path).map_err(|e| TransportError::Setup {
+                    what: format!("connect the queue pair to rank {r} (device {}, port {})", self.chosen.ctx.name, self.chosen.port),
+                    source: e,
+                })?;
+            }
+            decoded.push(a);
+        }
+        if self.srq.is_none() {
+            self.post_all_receives(&self.qps)?;
+        }
+        let mut qps = self.qps;
+        for (r, a) in decoded.into_iter().enumerate() {
+            let r = r as u32;
+            let Some(qp) = qps[r as usize].take() else {
+                peers.push(None);
+                continue;
+            };
+            qpn_to_peer.push((qp.qpn(), r));
+            peers.push(Some(Peer {
+                qp,
+                credits: PeerCredits::new(&self.credit, r < me),
+                seq: 0,
+                inflight: VecDeque::new(),
+                unsignaled: 0,
+                mailbox_addr: a.mailbox_addr + 8 * u64::from(me),
+                mailbox_rkey: a.mailbox_rkey,
+                watch: (a.host == mine && a.host != [0; 24]).then(|| PeerWatch::new(a.pid)),
+                dead: None,
+                last_probe: Instant::now(),
+                probing: false,
+            }));
+        }
+        qpn_to_peer.sort_unstable();
+        let max_inline = peers.iter().flatten().map(|p| p.qp.max_inline).min().unwrap_or(0) as usize;
+        let hook = |access| VerbsHook { pd: self.pd.clone(), access, count: self.registrations.clone() };
+        let send_pool = Pool::new(
+            PoolConfig { buf_size: cfg.slot_bytes, bufs_per_chunk: 64, max_chunks: SEND_BUFS / 64, huge_pages: HugePages::Never },
+            hook(Access::Local),
+        );
+        let bounce = Pool::new(
+            PoolConfig { buf_size: cfg.bounce_max.max(64), bufs_per_chunk: 8, max_chunks: 8, huge_pages: HugePages::Never },
+            hook(Access::Remote),
+        );
+        Ok(VerbsEndpoint {
+            rank: me,
+            size: cfg.size,
+            slot_bytes: cfg.slot_bytes,
+            max_inline,
+            bounce_max: cfg.bounce_max,
+            max_msg: (self.chosen.port_attr.max_msg_sz as usize).max(1 << 20),
+            device: self.chosen.ctx.name.clone(),
+            credit: self.credit,
+            peers,
+            qpn_to_peer,
+            own: VecDeque::new(),
+            explicit_due: false,
+            reallocated: false,
+            finalized: false,
+            ops: HashMap::new(),
+            done_ops: Vec::new(),
+            next_op: 1,
+            exposed: HashMap::new(),
+            registry: Registry::default(),
+            stats: RegistrationStats::default(),
+            registrations: self.registrations,
+            send_pool,
+            bounce,
+            recv: self.recv,
+            recv_mr: self.recv_mr,
+            mailbox: self.mailbox,
+            _mailbox_mr: self.mailbox_mr,
+            outbox: self.outbox,
+            outbox_mr: self.outbox_mr,
+            srq: self.srq,
+            send_cq: self.send_cq,
+            recv_cq: self.recv_cq,
+            pd: self.pd,
+            _chosen: self.chosen,
+        })
+    }
+}
+
+/// Moves a QP to RTS, retrying while the kernel cannot resolve the peer's
+/// address yet (ETIMEDOUT: e.g. an IPv6 address still in duplicate address
+/// detection right after the interface came up). Bounded: 10 tries, 5 s.
+pub(crate) fn connect_with_retry(qp: &Qp, timing: QpTiming, psn: u32, path: &PeerPath) -> std::io::Result<()> {
+    let mut tries = 0;
+    loop {
+        match qp.connect(timing, psn, path) {
+            Err(e) if e.kind() == std::io::ErrorKind::TimedOut && tries < 10 => {
+                tries += 1;
+                std::thread::sleep(Duration::from_millis(500));
+            }
+            r => return r,
+        }
+    }
+}
+
+/// The verbs endpoint.
+///
+/// Field order is drop order: queue pairs (in `peers`) go first, then the
+/// registrations, then the memory they cover, then the queues and the domain.
+pub struct VerbsEndpoint {
+    rank: u32,
+    size: u32,
+    slot_bytes: usize,
+    max_inline: usize,
+    bounce_max: usize,
+    max_msg: usize,
+    device: String,
+    credit: CreditConfig,
+    peers: Vec<Option<Peer>>,
+    qpn_to_peer: Vec<(u32, PeerId)>,
+    own: VecDeque<(MsgHeader, Vec<u8>)>,
+    explicit_due: bool,
+    reallocated: bool,
+    finalized: bool,
+    ops: HashMap<u64, Op>,
+    done_ops: Vec<u64>,
+    next_op: u64,
+    exposed: HashMap<u64, Exposure>,
+    registry: Registry,
+    stats: RegistrationStats,
+    registrations: Arc<AtomicU64>,
+    send_pool: Pool<VerbsHook>,
+    bounce: Pool<VerbsHook>,
+    recv_mr: Mr,
+    recv: MmapMut,
+    /// Registered for peers' credit writes; never read through.
+    _mailbox_mr: Mr,
+    mailbox: MmapMut,
+    outbox_mr: Mr,
+    outbox: MmapMut,
+    srq: Option<Arc<Srq>>,
+    send_cq: Arc<Cq>,
+    recv_cq: Arc<Cq>,
+    pd: Arc<Pd>,
+    _chosen: Chosen,
+}
+
+// SAFETY: the raw pointers (bounce destinations) point into buffers the core
+// lends to the endpoint until the operation completes; the endpoint is driven
+// by one thread at a time, and every verbs object is thread-safe.
+unsafe impl Send for VerbsEndpoint {}
+
+fn class_of(kind: MsgKind) -> Class {
+    match kind {
+        MsgKind::Eager | MsgKind::Rts => Class::Data,
+        MsgKind::Cts | MsgKind::Fin | MsgKind::Credit => Class::Ctrl,
+    }
+}
+
+fn status_name(status: u32) -> String {
+    use ffi::ibv_wc_status as S;
+    let name = match status {
+        S::IBV_WC_RETRY_EXC_ERR => "transport retry counter exceeded (peer unreachable or dead)",
+        S::IBV_WC_RNR_RETRY_EXC_ERR => "receiver-not-ready retry counter exceeded (no receive posted)",
+        S::IBV_WC_REM_ACCESS_ERR => "remote access error (bad rkey, bounds or permissions)",
+        S::IBV_WC_REM_INV_REQ_ERR => "remote invalid request",
+        S::IBV_WC_REM_OP_ERR => "remote operation error",
+        S::IBV_WC_LOC_LEN_ERR => "local length error",
+        S::IBV_WC_LOC_PROT_ERR => "local protection error",
+        S::IBV_WC_WR_FLUSH_ERR => "flushed: the queue pair is in the error state after an earlier failure",
+        _ => "",
+    };
+    if name.is_empty() {
+        format!("completion status {status}")
+    } else {
+        name.to_owned()
+    }
+}
+
+const PEER_SHIFT: u32 = 40;
+
+impl VerbsEndpoint {
+    /// The device this endpoint uses.
+    pub fn device(&self) -> &str {
+        &self.device
+    }
+
+    /// The largest message sent inline (no send buffer, no DMA read of it).
+    pub fn max_inline(&self) -> usize {
+        self.max_inline
+    }
+
+    /// Whether receive slots sit on a shared receive queue.
+    pub fn uses_srq(&self) -> bool {
+        self.srq.is_some()
+    }
+
+    /// The credit state toward `peer` (for tests and reports).
+    pub fn credits(&self, peer: PeerId) -> Option<&PeerCredits> {
+        self.peers.get(peer as usize).and_then(Option::as_ref).map(|p| &p.credits)
+    }
+
+    fn peer(&mut self, peer: PeerId) -> Result<&mut Peer, TransportError> {
+        let size = self.size;
+        match self.peers.get_mut(peer as usize) {
+            Some(Some(p)) => match &p.dead {
+                Some(reason) => Err(TransportError::PeerGone { peer, reason: reason.clone() }),
+                None => Ok(p),
+            },
+            _ => Err(TransportError::NoSuchPeer { peer, size }),
+        }
+    }
+
+    fn mailbox_word(&self, peer: PeerId) -> u64 {
+        // SAFETY: the mailbox map holds `size` aligned u64 words; the device
+        // writes them (DMA), so they are read atomically, never through a reference to plain memory.
+        let words = unsafe { &*self.mailbox.as_ptr().cast::<AtomicU64>().add(peer as usize) };
+        words.load(Ordering::Acquire)
+    }
+
+    fn read_mailbox(&mut self, peer: PeerId) {
+        if let Some((d, k, _)) = mailbox::decode(self.mailbox_word(peer)) {
+            if let Some(Some(p)) = self.peers.get_mut(peer as usize) {
+                p.credits.on_credit(d, k);
+            }
+        }
+    }
+
+    /// Posts one work request toward `peer`, signaling it when due.
+    fn post(
+        &mut self,
+        peer: PeerId,
+        op: SendOp,
+        local: (u64, u32, u32),
+        inline: bool,
+        what: Inflight,
+        force_signal: bool,
+    ) -> Result<(), TransportError> {
+        let low_slots = self.send_pool.leased() * 4 >= 3 * SEND_BUFS;
+        let p = self.peer(peer)?;
+        let seq = p.seq;
+        let signaled = force_signal || low_slots || p.unsignaled + 1 >= SIGNAL_EVERY;
+        let wr = SendWr { wr_id: (u64::from(peer) << PEER_SHIFT) | seq, opcode: op, local, signaled, inline };
+        // SAFETY: `local` lies in memory registered with its lkey that the endpoint
+        // (send slots, bounce buffers, per-operation registrations) or the
+        // core (lent buffers, until poll_ops reports the op) keeps alive until
+        // this request completes; inline data is copied during the call.
+        unsafe { p.qp.post_send(&wr) }.map_err(|source| TransportError::Io { op: "ibv_post_send", peer, source })?;
+        p.seq += 1;
+        p.unsignaled = if signaled { 0 } else { p.unsignaled + 1 };
+        p.inflight.push_back((seq, what));
+        Ok(())
+    }
+
+    /// Room for one more request toward `peer` (reaping completions if needed).
+    fn sq_room(&mut self, peer: PeerId) -> Result<bool, TransportError> {
+        let full = |me: &Self| me.peers[peer as usize].as_ref().is_some_and(|p| p.inflight.len() as u32 + 2 >= SQ_DEPTH);
+        if full(self) {
+            self.reap_sends()?;
+            if full(self) {
+                // Everything outstanding may be unsignaled: ask for a completion.
+                if let Some(p) = self.peers[peer as usize].as_mut() {
+                    p.unsignaled = SIGNAL_EVERY;
+                }
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    }
+
+    /// Handles send-side completions: frees send slots, advances one-sided ops,
+    /// records failures against the peer.
+    fn reap_sends(&mut self) -> Result<usize, TransportError> {
+        let mut wcs = [ffi::ibv_wc::default(); CQ_BATCH];
+        let mut total = 0;
+        loop {
+            let n = self.send_cq.poll(&mut wcs).map_err(setup("poll the send completion queue"))?;
+            for wc in &wcs[..n] {
+                let peer = (wc.wr_id() >> PEER_SHIFT) as PeerId;
+                let seq = wc.wr_id() & ((1 << PEER_SHIFT) - 1);
+                let failure = wc.error().map(|(status, _)| status_name(status));
+                self.complete_through(peer, seq, failure);
+            }
+            total += n;
+            if n < CQ_BATCH {
+                return Ok(total);
+            }
+        }
+    }
+
+    fn complete_through(&mut self, peer: PeerId, seq: u64, failure: Option<String>) {
+        let Some(Some(p)) = self.peers.get_mut(peer as usize) else { return };
+        if let Some(reason) = &failure {
+            if p.dead.is_none() {
+                p.dead = Some(format!("device {} reported: {reason}", self.device));
+            }
+            p.probing = false;
+        }
+        while p.inflight.front().is_some_and(|(s, _)| *s <= seq) {
+            let (_, what) = p.inflight.pop_front().expect("front exists");
+            match what {
+                Inflight::Slot(lease) => self.send_pool.release(lease),
+                Inflight::Op(id) => {
+                    if let Some(op) = self.ops.get_mut(&id) {
+                        op.pieces -= 1;
+                        if let Some(reason) = &failure {
+                            op.error.get_or_insert_with(|| TransportError::Completion {
+                                op: "RDMA operation",
+                                peer,
+                                device: self.device.clone(),
+                                status: reason.clone(),
+                            });
+                        }
+                        if op.pieces == 0 {
+                            self.done_ops.push(id);
+                        }
+                    }
+                }
+                Inflight::Nothing => {}
+            }
+        }
+        if failure.is_none() {
+            p.probing = false;
+        }
+    }
+
+    /// Writes our cumulative credit totals (and whether we finalized) into every
+    /// owed peer's mailbox: an inline 8-byte RDMA WRITE, needing no credit.
+    fn return_credits(&mut self, all: bool) -> Result<(), TransportError> {
+        self.explicit_due = false;
+        for peer in 0..self.size {
+            let Some(Some(p)) = self.peers.get(peer as usize) else { continue };
+            if p.dead.is_some() || !(all || p.credits.wants_explicit(&self.credit)) {
+                continue;
+            }
+            if !self.sq_room(peer)? {
+                self.explicit_due = true;
+                continue;
+            }
+            let p = self.peers[peer as usize].as_mut().expect("a peer");
+            let (d, k) = p.credits.explicit();
+            let (addr, rkey) = (p.mailbox_addr, p.mailbox_rkey);
+            // The source word stays in registered memory (devices without
+            // inline data read it by DMA); a newer total may overwrite it
+            // before the device reads it, which is as good.
+            let word = &mut self.outbox[8 * peer as usize..][..8];
+            word.copy_from_slice(&mailbox::encode(d, k, self.finalized).to_le_bytes());
+            let local = (word.as_ptr() as u64, 8, self.outbox_mr.lkey());
+            let (inline, finalized) = (self.max_inline >= 8, self.finalized);
+            self.post(peer, SendOp::Write { remote_addr: addr, rkey }, local, inline, Inflight::Nothing, finalized)?;
+        }
+        Ok(())
+    }
+
+    /// The lkey for `[addr, addr+len)` if it lies in a registered buffer of the core.
+    fn owned_lkey(&mut self, addr: u64, len: usize) -> Option<Owned> {
+        let hit = self.registry.find(addr, len);
+        if hit.is_some() {
+            self.stats.owned_hits += 1;
+        }
+        hit
+    }
+
+    fn register_per_op(&mut self, peer: PeerId, addr: *const u8, len: usize, access: Access) -> Result<Mr, TransportError> {
+        self.stats.per_operation += 1;
+        self.registrations.fetch_add(1, Ordering::Relaxed);
+        Mr::register(&self.pd, addr, len, access).map_err(|source| TransportError::Io { op: "ibv_reg_mr", peer, source })
+    }
+
+    fn lease_bounce(&mut self) -> Result<Option<Lease>, TransportError> {
+        let l = self.bounce.lease()?;
+        if l.is_some() {
+            self.stats.bounced += 1;
+        }
+        Ok(l)
+    }
+
+    /// Starts a one-sided operation in pieces of at most the device's message size.
+    fn one_sided(&mut self, peer: PeerId, remote: &RemoteKey, local: *mut u8, len: usize, read: bool) -> Result<OpStatus, TransportError> {
+        let r = remote.slice(peer, 0, len as u64)?;
+        self.peer(peer)?;
+        if len == 0 {
+            return Ok(OpStatus::Done);
+        }
+        let addr = local as u64;
+        let (lkey, base, local_kind) = if let Some(o) = self.owned_lkey(addr, len) {
+            (o.lkey, addr, Local::Owned)
+        } else if len <= self.bounce_max {
+            match self.lease_bounce()? {
+                Some(lease) => {
+                    let buf = self.bounce.buf(&lease);
+                    let (base, lkey) = (buf.as_ptr() as u64, self.bounce.handle(&lease).lkey());
+                    if !read {
+                        // SAFETY: `local` is the caller's slice of `len` bytes; the bounce buffer has at least `len`.
+                        unsafe { std::ptr::copy_nonoverlapping(local, base as *mut u8, len) };
+                    }
+                    (lkey, base, Local::Bounce { lease, dst: read.then_some((local, len)) })
+                }
+                None => {
+                    let mr = self.register_per_op(peer, local, len, if read { Access::Local } else { Access::LocalRead })?;
+                    (mr.lkey(), addr, Local::PerOp(mr))
+                }
+            }
+        } else {
+            let mr = self.register_per_op(peer, local, len, if read { Access::Local } else { Access::LocalRead })?;
+            (mr.lkey(), addr, Local::PerOp(mr))
+        };
+        let id = self.next_op;
+        self.next_op += 1;
+        let pieces = len.div_ceil(self.max_msg) as u32;
+        self.ops.insert(id, Op { peer, pieces, local: local_kind, error: None });
+        for i in 0..pieces as usize {
+            let off = i * self.max_msg;
+            let n = self.max_msg.min(len - off);
+            let remote_addr = r.addr + off as u64;
+            let rkey = r.key as u32;
+            let op = if read { SendOp::Read { remote_addr, rkey } } else { SendOp::Write { remote_addr, rkey } };
+            while !self.sq_room(peer)? {
+                std::thread::yield_now();
+            }
+            if let Err(e) = self.post(peer, op, (base + off as u64, n as u32, lkey), false, Inflight::Op(id), true) {
+                // Pieces already posted complete later; the op reports this error then.
+                let o = self.ops.get_mut(&id).expect("op just inserted");
+                o.pieces -= (pieces as usize - i) as u32;
+                o.error = Some(e);
+                if o.pieces == 0 {
+                    self.done_ops.push(id);
+                }
+                break;
+            }
+        }
+        Ok(OpStatus::Pending(id))
+    }
+
+    fn probe(&mut self, peer: PeerId) {
+        let Some(Some(p)) = self.peers.get(peer as usize) else { return };
+        if p.probing || p.dead.is_some() || p.last_probe.elapsed() < PROBE_EVERY {
+            return;
+        }
+        let (addr, rkey) = (p.mailbox_addr, p.mailbox_rkey);
+        if self.sq_room(peer).unwrap_or(false)
+            && self.post(peer, SendOp::Write { remote_addr: addr, rkey }, (0, 0, 0), false, Inflight::Nothing, true).is_ok()
+        {
+            let p = self.peers[peer as usize].as_mut().expect("a peer");
+            p.probing = true;
+            p.last_probe = Instant::now();
+        }
+    }
+}
+
+impl Drop for VerbsEndpoint {
+    fn drop(&mut self) {
+        // Stop the device from touching memory we are about to free.
+        for p in self.peers.iter().flatten() {
+            p.qp.set_error();
+        }
+        self.peers.clear();
+        for (_, e) in self.exposed.drain() {
+            if let Exposure::Bounce { lease, .. } = e {
+                self.bounce.release(lease);
+            }
+        }
+    }
+}
+
+impl Endpoint for VerbsEndpoint {
+    fn local_id(&self) -> PeerId {
+        self.rank
+    }
+
+    fn num_peers(&self) -> u32 {
+        self.size
+    }
+
+    fn max_eager(&self) -> usize {
+        self.slot_bytes - HEADER_BYTES
+    }
+
+    fn try_send(&mut self, peer: PeerId, header: &MsgHeader, payload: &[u8]) -> Result<SendOutcome, TransportError> {
+        let max = self.max_eager();
+        if payload.len() > max {
+            return Err(TransportError::EagerTooLarge { len: payload.len(), max });
+        }
+        if peer == self.rank {
+            if self.own.len() >= OWN_SLOTS {
+                return Ok(SendOutcome::Backpressure);
+            }
+            self.own.push_back((*header, payload.to_vec()));
+            return Ok(SendOutcome::Sent);
+        }
+        let class = class_of(header.kind);
+        let len = HEADER_BYTES + payload.len();
+        let inline = len <= self.max_inline.min(INLINE_BUF);
+        // Resources first, credit last: a credit once taken is always used.
+        if self.peer(peer)?.credits.peek(class) == Gate::Backpressure {
+            self.read_mailbox(peer);
+        }
+        match self.peer(peer)?.credits.peek(class) {
+            Gate::Go => {}
+            Gate::Backpressure => return Ok(SendOutcome::Backpressure),
+            Gate::NotAllowed => return Ok(SendOutcome::NotAllowed),
+        }
+        if !self.sq_room(peer)? {
+            return Ok(SendOutcome::Backpressure);
+        }
+        let lease = if inline {
+            None
+        } else {
+            match self.send_pool.lease()? {
+                Some(l) => Some(l),
+                None => {
+                    self.reap_sends()?;
+                    match self.send_pool.lease()? {
+                        Some(l) => Some(l),
+                        None => return Ok(SendOutcome::Backpressure),
+                    }
+                }
+            }
+        };
+        let p = self.peer(peer)?;
+        let gate = p.credits.try_take(class);
+        debug_assert_eq!(gate, Gate::Go);
+        let mut h = *header;
+        (h.credits, h.ctrl_credits) = p.credits.piggyback();
+        let mut hb = [0u8; HEADER_BYTES];
+        h.encode(&mut hb);
+        match lease {
+            None => {
+                let mut buf = [0u8; INLINE_BUF];
+                buf[..HEADER_BYTES].copy_from_slice(&hb);
+                buf[HEADER_BYTES..len].copy_from_slice(payload);
+                self.post(peer, SendOp::Send, (buf.as_ptr() as u64, len as u32, 0), true, Inflight::Nothing, false)?;
+            }
+            Some(lease) => {
+                let b = self.send_pool.buf_mut(&lease);
+                b[..HEADER_BYTES].copy_from_slice(&hb);
+                b[HEADER_BYTES..len].copy_from_slice(payload);
+                let local = (b.as_ptr() as u64, len as u32, self.send_pool.handle(&lease).lkey());
+                self.post(peer, SendOp::Send, local, false, Inflight::Slot(lease), false)?;
+            }
+        }
+        Ok(SendOutcome::Sent)
+    }
+
+    fn credit(&mut self, peer: PeerId) -> SendOutcome {
+        if peer == self.rank {
+            return if self.own.len() < OWN_SLOTS { SendOutcome::Sent } else { SendOutcome::Backpressure };
+        }
+        let Ok(p) = self.peer(peer) else { return SendOutcome::Backpressure };
+        if p.credits.peek(Class::Data) == Gate::Backpressure {
+            self.read_mailbox(peer);
+        }
+        match self.peers[peer as usize].as_ref().map(|p| p.credits.peek(Class::Data)) {
+            Some(Gate::Go) => SendOutcome::Sent,
+            Some(Gate::NotAllowed) => SendOutcome::NotAllowed,
+            _ => SendOutcome::Backpressure,
+        }
+    }
+
+    fn poll<F>(&mut self, max: usize, mut sink: F) -> Result<usize, TransportError>
+    where
+        F: FnMut(PeerId, &MsgHeader, &[u8]),
+    {
+        let mut n = 0;
+        while n < max {
+            let Some((h, data)) = self.own.pop_front() else { break };
+            sink(self.rank, &h, &data);
+            n += 1;
+        }
+        let mut wcs = [ffi::ibv_wc::default(); CQ_BATCH];
+        while n < max {
+            let want = CQ_BATCH.min(max - n);
+            let got = self.recv_cq.poll(&mut wcs[..want]).map_err(setup("poll the receive completion queue"))?;
+            for wc in &wcs[..got] {
+                let slot = wc.wr_id() as usize;
+                let peer = match self.qpn_to_peer.binary_search_by_key(&wc.qp_num, |&(q, _)| q) {
+                    Ok(i) => self.qpn_to_peer[i].1,
+                    Err(_) => {
+                        return Err(TransportError::Malformed { peer: u32::MAX, what: "receive completion for an unknown queue pair" })
+                    }
+                };
+                let addr = self.recv_mr.addr + (slot * self.slot_bytes) as u64;
+                if let Some((status, _)) = wc.error() {
+                    if let Some(Some(p)) = self.peers.get_mut(peer as usize) {
+                        p.dead.get_or_insert_with(|| format!("device {} reported on receive: {}", self.device, status_name(status)));
+                    }
+                    continue; // the QP is in error: its slot is not reposted
+                }
+                let bytes = &self.recv[slot * self.slot_bytes..][..wc.len()];
+                let h = match MsgHeader::decode(bytes) {
+                    Ok(h) => h,
+                    Err(_) => return Err(TransportError::Malformed { peer, what: "undecodable header in a verbs receive slot" }),
+                };
+                let class = class_of(h.kind);
+                let p = self.peers[peer as usize].as_mut().expect("a connected peer");
+                p.credits.on_receive(h.credits, h.ctrl_credits);
+                if h.kind != MsgKind::Credit {
+                    sink(peer, &h, &bytes[HEADER_BYTES..]);
+                }
+                // Repost before returning the credit: the slot is free again only once posted.
+                // SAFETY: the slot lies in the registered receive region the endpoint owns.
+                let posted = unsafe {
+                    match &self.srq {
+                        Some(srq) => srq.post_recv(slot as u64, addr, self.slot_bytes as u32, self.recv_mr.lkey()),
+                        None => p.qp.post_recv(slot as u64, addr, self.slot_bytes as u32, self.recv_mr.lkey()),
+                    }
+                };
+                posted.map_err(|source| TransportError::Io { op: "repost a receive slot", peer, source })?;
+                p.credits.on_release(class);
+                self.explicit_due = true;
+                n += 1;
+            }
+            if got < want {
+                break;
+            }
+        }
+        self.reap_sends()?;
+        if self.explicit_due {
+            self.return_credits(false)?;
+        }
+        Ok(n)
+    }
+
+    fn expose(&mut self, buf: &[u8]) -> Result<RemoteKey, TransportError> {
+        let addr = buf.as_ptr() as u64;
+        if buf.is_empty() {
+            return Ok(RemoteKey { addr, len: 0, key: 0 });
+        }
+        if let Some(o) = self.owned_lkey(addr, buf.len()) {
+            return Ok(RemoteKey { addr, len: buf.len() as u64, key: u64::from(o.rkey) });
+        }
+        if buf.len() <= self.bounce_max {
+            if let Some(lease) = self.lease_bounce()? {
+                let b = self.bounce.buf_mut(&lease);
+                b[..buf.len()].copy_from_slice(buf);
+                let key = RemoteKey { addr: b.as_ptr() as u64, len: buf.len() as u64, key: u64::from(self.bounce.handle(&lease).rkey()) };
+                self.exposed.insert(key.addr, Exposure::Bounce { lease, dst: None });
+                return Ok(key);
+            }
+        }
+        let mr = self.register_per_op(self.rank, buf.as_ptr(), buf.len(), Access::RemoteRead)?;
+        let key = RemoteKey { addr, len: buf.len() as u64, key: u64::from(mr.rkey()) };
+        self.exposed.insert(addr, Exposure::PerOp(mr));
+        Ok(key)
+    }
+
+    fn expose_mut(&mut self, buf: &mut [u8]) -> Result<RemoteKey, TransportError> {
+        let addr = buf.as_ptr() as u64;
+        if buf.is_empty() {
+            return Ok(RemoteKey { addr, len: 0, key: 0 });
+        }
+        if let Some(o) = self.owned_lkey(addr, buf.len()) {
+            return Ok(RemoteKey { addr, len: buf.len() as u64, key: u64::from(o.rkey) });
+        }
+        if buf.len() <= self.bounce_max {
+            if let Some(lease) = self.lease_bounce()? {
+                let b = self.bounce.buf(&lease);
+                let key = RemoteKey { addr: b.as_ptr() as u64, len: buf.len() as u64, key: u64::from(self.bounce.handle(&lease).rkey()) };
+                self.exposed.insert(key.addr, Exposure::Bounce { lease, dst: Some((buf.as_mut_ptr(), buf.len())) });
+                return Ok(key);
+            }
+        }
+        let mr = self.register_per_op(self.rank, buf.as_ptr(), buf.len(), Access::RemoteWrite)?;
+        let key = RemoteKey { addr, len: buf.len() as u64, key: u64::from(mr.rkey()) };
+        self.exposed.insert(addr, Exposure::PerOp(mr));
+        Ok(key)
+    }
+
+    fn revoke(&mut self, key: &RemoteKey) {
+        match self.exposed.remove(&key.addr) {
+            Some(Exposure::PerOp(mr)) => drop(mr),
+            Some(Exposure::Bounce { lease, dst }) => {
+                if let Some((dst, len)) = dst {
+                    let src = self.bounce.buf(&lease);
+                    // SAFETY: `dst` is the buffer given to expose_mut, which the
+                    // caller keeps alive and unmoved until this revoke.
+                    unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), dst, len) };
+                }
+                self.bounce.release(lease);
+            }
+            None => {} // an owned buffer or an empty one: nothing was registered
+        }
+    }
+
+    fn read(&mut self, peer: PeerId, remote: &RemoteKey, local: &mut [u8]) -> Result<OpStatus, TransportError> {
+        self.one_sided(peer, remote, local.as_mut_ptr(), local.len(), true)
+    }
+
+    fn write(&mut self, peer: PeerId, local: &[u8], remote: &RemoteKey) -> Result<OpStatus, TransportError> {
+        // A WRITE only reads `local`; the pointer is not written through.
+        self.one_sided(peer, remote, local.as_ptr().cast_mut(), local.len(), false)
+    }
+
+    fn poll_ops<F>(&mut self, mut done: F) -> Result<usize, TransportError>
+    where
+        F: FnMut(u64, Result<(), TransportError>),
+    {
+        self.reap_sends()?;
+        let finished = std::mem::take(&mut self.done_ops);
+        let n = finished.len();
+        for id in finished {
+            let Some(op) = self.ops.remove(&id) else { continue };
+            match op.local {
+                Local::Bounce { lease, dst } => {
+                    if let (Some((dst, len)), None) = (dst, &op.error) {
+                        let src = self.bounce.buf(&lease);
+                        // SAFETY: `dst` is the caller's `local` of a READ, kept
+                        // alive and untouched until this report (Endpoint::read).
+                        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), dst, len) };
+                    }
+                    self.bounce.release(lease);
+                }
+                Local::PerOp(mr) => drop(mr),
+                Local::Owned => {}
+            }
+            let _ = op.peer;
+            done(id, op.error.map_or(Ok(()), Err));
+        }
+        Ok(n)
+    }
+
+    fn peer_state(&mut self, peer: PeerId) -> PeerState {
+        if peer == self.rank {
+            return if self.finalized { PeerState::Finalized } else { PeerState::Alive };
+        }
+        if peer >= self.size {
+            return PeerState::Dead;
+        }
+        if mailbox::decode(self.mailbox_word(peer)).is_some_and(|(_, _, fin)| fin) {
+            return PeerState::Finalized;
+        }
+        let _ = self.reap_sends();
+        let Some(Some(p)) = self.peers.get(peer as usize) else { return PeerState::Dead };
+        if p.dead.is_some() || p.watch.as_ref().is_some_and(PeerWatch::exited) {
+            return PeerState::Dead;
+        }
+        if p.watch.is_none() {
+            self.probe(peer); // another host: a failed probe marks it dead
+        }
+        PeerState::Alive
+    }
+
+    fn reallocate_credits(&mut self) -> Result<(), TransportError> {
+        if self.reallocated {
+            return Ok(());
+        }
+        self.reallocated = true;
+        for p in self.peers.iter_mut().flatten() {
+            p.credits.reallocate(&self.credit);
+        }
+        self.return_credits(true)
+    }
+
+    fn receive_memory(&self) -> ReceiveMemory {
+        let peers = self.size.saturating_sub(1) as usize;
+        ReceiveMemory {
+            eager_pool: self.credit.slice as usize * peers * self.slot_bytes,
+            per_peer: self.credit.slice as usize * self.slot_bytes,
+            control: CTRL_SLOTS as usize * peers * self.slot_bytes,
+            own: OWN_SLOTS * self.slot_bytes,
+        }
+    }
+
+    fn register_owned(&mut self, region: &[u8]) -> Result<(), TransportError> {
+        if region.is_empty() {
+            return Ok(());
+        }
+        self.registrations.fetch_add(1, Ordering::Relaxed);
+        let mr = Mr::register(&self.pd, region.as_ptr(), region.len(), Access::Remote)
+            .map_err(|e| TransportError::Setup { what: format!("register a buffer of {} bytes", region.len()), source: e })?;
+        self.registry.insert(mr);
+        Ok(())
+    }
+
+    fn deregister_owned(&mut self, region: &[u8]) {
+        self.registry.remove(region.as_ptr() as u64);
+    }
+
+    fn registration_stats(&self) -> RegistrationStats {
+        RegistrationStats { registrations: self.registrations.load(Ordering::Relaxed), ..self.stats }
+    }
+
+    fn finalize(&mut self) -> Result<(), TransportError> {
+        if self.finalized {
+            return Ok(());
+        }
+        self.finalized = true;
+        self.return_credits(true)?;
+        // Wait (bounded) until the finalize words have left: after exit the QPs are gone.
+        let deadline = Instant::now() + Duration::from_secs(2);
+        while self.peers.iter().flatten().any(|p| p.dead.is_none() && !p.inflight.is_empty()) && Instant::now() < deadline {
+            self.reap_sends()?;
+            std::thread::yield_now();
+        }
+        Ok(())
+    }
+}
