@@ -40,6 +40,8 @@ pub const DEFAULT_BOUNCE_MAX: usize = 64 << 10;
 const SQ_DEPTH: u32 = 128;
 /// One signaled send in this many lets the send queue drain (selective signaling).
 const SIGNAL_EVERY: u32 = 16;
+/// Largest RDMA READ/WRITE posted as one work request.
+const MAX_PIECE: usize = 1 << 20;
 /// Largest inline message built on the stack.
 const INLINE_BUF: usize = 256;
 /// Send buffers (slot-sized) per endpoint: chunks of 64, at most 4.
@@ -417,7 +419,9 @@ impl VerbsSetup {
             slot_bytes: cfg.slot_bytes,
             max_inline,
             bounce_max: cfg.bounce_max,
-            max_msg: (self.chosen.port_attr.max_msg_sz as usize).max(1 << 20),
+            // Pieces of at most 1 MiB: a long READ response on a slow link
+            // (rxe under emulation) must not outlive the ACK timeout.
+            max_msg: (self.chosen.port_attr.max_msg_sz as usize).clamp(1 << 16, MAX_PIECE),
             device: self.chosen.ctx.name.clone(),
             credit: self.credit,
             peers,
@@ -432,6 +436,7 @@ impl VerbsSetup {
             exposed: HashMap::new(),
             registry: Registry::default(),
             stats: RegistrationStats::default(),
+            debug: std::env::var_os("FMX_VERBS_DEBUG").is_some(),
             registrations: self.registrations,
             send_pool,
             bounce,
@@ -488,9 +493,12 @@ pub struct VerbsEndpoint {
     ops: HashMap<u64, Op>,
     done_ops: Vec<u64>,
     next_op: u64,
-    exposed: HashMap<u64, Exposure>,
+    /// By (address, key): one buffer may be exposed several times at once (a window of sends).
+    exposed: HashMap<(u64, u64), Exposure>,
     registry: Registry,
     stats: RegistrationStats,
+    /// `FMX_VERBS_DEBUG`: print every failed completion to stderr.
+    debug: bool,
     registrations: Arc<AtomicU64>,
     send_pool: Pool<VerbsHook>,
     bounce: Pool<VerbsHook>,
@@ -530,7 +538,9 @@ fn status_name(status: u32) -> String {
         S::IBV_WC_REM_OP_ERR => "remote operation error",
         S::IBV_WC_LOC_LEN_ERR => "local length error",
         S::IBV_WC_LOC_PROT_ERR => "local protection error",
-        S::IBV_WC_WR_FLUSH_ERR => "flushed: the queue pair is in the error state after an earlier failure",
+        S::IBV_WC_WR_FLUSH_ERR => {
+            "flushed: the queue pair is in the error state (after a failure of ours, or as the responder to a bad request from the peer)"
+        }
         _ => "",
     };
     if name.is_empty() {
@@ -641,7 +651,16 @@ impl VerbsEndpoint {
             for wc in &wcs[..n] {
                 let peer = (wc.wr_id() >> PEER_SHIFT) as PeerId;
                 let seq = wc.wr_id() & ((1 << PEER_SHIFT) - 1);
-                let failure = wc.error().map(|(status, _)| status_name(status));
+                let failure = wc.error().map(|(status, vendor)| {
+                    if self.debug {
+                        eprintln!(
+                            "fmx-verbs rank {}: send completion toward peer {peer} seq {seq}: {} (vendor {vendor:#x})",
+                            self.rank,
+                            status_name(status)
+                        );
+                    }
+                    status_name(status)
+                });
                 self.complete_through(peer, seq, failure);
             }
             total += n;
@@ -654,7 +673,9 @@ impl VerbsEndpoint {
     fn complete_through(&mut self, peer: PeerId, seq: u64, failure: Option<String>) {
         let Some(Some(p)) = self.peers.get_mut(peer as usize) else { return };
         if let Some(reason) = &failure {
-            if p.dead.is_none() {
+            // Keep the first real cause; flushes only follow one.
+            let flushed = reason.starts_with("flushed");
+            if p.dead.as_deref().is_none_or(|d| !flushed && d.contains("flushed")) {
                 p.dead = Some(format!("device {} reported: {reason}", self.device));
             }
             p.probing = false;
@@ -943,9 +964,19 @@ impl Endpoint for VerbsEndpoint {
                     }
                 };
                 let addr = self.recv_mr.addr + (slot * self.slot_bytes) as u64;
-                if let Some((status, _)) = wc.error() {
+                if let Some((status, vendor)) = wc.error() {
+                    if self.debug {
+                        eprintln!(
+                            "fmx-verbs rank {}: receive completion from peer {peer}: {} (vendor {vendor:#x})",
+                            self.rank,
+                            status_name(status)
+                        );
+                    }
                     if let Some(Some(p)) = self.peers.get_mut(peer as usize) {
-                        p.dead.get_or_insert_with(|| format!("device {} reported on receive: {}", self.device, status_name(status)));
+                        let reason = status_name(status);
+                        if p.dead.as_deref().is_none_or(|d| !reason.starts_with("flushed") && d.contains("flushed")) {
+                            p.dead = Some(format!("device {} reported on receive: {reason}", self.device));
+                        }
                     }
                     continue; // the QP is in error: its slot is not reposted
                 }
@@ -997,13 +1028,13 @@ impl Endpoint for VerbsEndpoint {
                 let b = self.bounce.buf_mut(&lease);
                 b[..buf.len()].copy_from_slice(buf);
                 let key = RemoteKey { addr: b.as_ptr() as u64, len: buf.len() as u64, key: u64::from(self.bounce.handle(&lease).rkey()) };
-                self.exposed.insert(key.addr, Exposure::Bounce { lease, dst: None });
+                self.exposed.insert((key.addr, key.key), Exposure::Bounce { lease, dst: None });
                 return Ok(key);
             }
         }
         let mr = self.register_per_op(self.rank, buf.as_ptr(), buf.len(), Access::RemoteRead)?;
         let key = RemoteKey { addr, len: buf.len() as u64, key: u64::from(mr.rkey()) };
-        self.exposed.insert(addr, Exposure::PerOp(mr));
+        self.exposed.insert((addr, key.key), Exposure::PerOp(mr));
         Ok(key)
     }
 
@@ -1019,18 +1050,18 @@ impl Endpoint for VerbsEndpoint {
             if let Some(lease) = self.lease_bounce()? {
                 let b = self.bounce.buf(&lease);
                 let key = RemoteKey { addr: b.as_ptr() as u64, len: buf.len() as u64, key: u64::from(self.bounce.handle(&lease).rkey()) };
-                self.exposed.insert(key.addr, Exposure::Bounce { lease, dst: Some((buf.as_mut_ptr(), buf.len())) });
+                self.exposed.insert((key.addr, key.key), Exposure::Bounce { lease, dst: Some((buf.as_mut_ptr(), buf.len())) });
                 return Ok(key);
             }
         }
         let mr = self.register_per_op(self.rank, buf.as_ptr(), buf.len(), Access::RemoteWrite)?;
         let key = RemoteKey { addr, len: buf.len() as u64, key: u64::from(mr.rkey()) };
-        self.exposed.insert(addr, Exposure::PerOp(mr));
+        self.exposed.insert((addr, key.key), Exposure::PerOp(mr));
         Ok(key)
     }
 
     fn revoke(&mut self, key: &RemoteKey) {
-        match self.exposed.remove(&key.addr) {
+        match self.exposed.remove(&(key.addr, key.key)) {
             Some(Exposure::PerOp(mr)) => drop(mr),
             Some(Exposure::Bounce { lease, dst }) => {
                 if let Some((dst, len)) = dst {

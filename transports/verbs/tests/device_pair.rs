@@ -144,6 +144,17 @@ fn rdma_read_and_write_move_user_buffers_bounced_registered_or_owned() {
     }
     let s = a.registration_stats();
     assert_eq!((s.bounced, s.per_operation), (4, 4), "{s:?}");
+    // One buffer exposed by several sends at once (a window): each key stays
+    // valid until its own revoke.
+    let src: Vec<u8> = (0..1usize << 20).map(|i| (i % 251) as u8).collect();
+    let keys: Vec<RemoteKey> = (0..4).map(|_| b.expose(&src).unwrap()).collect();
+    for (i, key) in keys.iter().enumerate().rev() {
+        let mut dst = vec![0u8; src.len()];
+        let st = a.read(1, key, &mut dst).unwrap();
+        complete(&mut a, &mut b, st);
+        assert!(dst == src, "read through key {i} of 4 on one buffer");
+        b.revoke(key);
+    }
     // An owned buffer: registered once, then every operation finds it.
     let owned = vec![3u8; 300_000];
     b.register_owned(&owned).unwrap();
