@@ -36,11 +36,11 @@ fn drain(ep: &mut VerbsEndpoint, n: usize) -> Vec<(u32, u64, Vec<u8>)> {
     got
 }
 
-/// Polls both until `f` holds (bounded: 10 s).
+/// Polls both until `f` holds (bounded: 60 s, for emulated devices).
 fn until(a: &mut VerbsEndpoint, b: &mut VerbsEndpoint, mut f: impl FnMut(&mut VerbsEndpoint, &mut VerbsEndpoint) -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(10);
+    let deadline = Instant::now() + Duration::from_secs(60);
     while !f(a, b) {
-        assert!(Instant::now() < deadline, "condition not reached within 10 s");
+        assert!(Instant::now() < deadline, "condition not reached within 60 s");
         a.poll(usize::MAX, |_, _, _| {}).unwrap();
         b.poll(usize::MAX, |_, _, _| {}).unwrap();
     }
