@@ -9,8 +9,7 @@ if ! ls /sys/class/infiniband 2>/dev/null | grep -q .; then
 fi
 ibv_devinfo -l
 export FMX_VERBS_DEVICE=${FMX_VERBS_DEVICE:-$(ls /sys/class/infiniband | head -1)}
-fmx-verbs-probe() { /src/target/release/fmx-verbs-probe; }
-fmx-verbs-probe
+/src/target/release/fmx-verbs-probe
 cd /src
 cargo test --release --features fmx/verbs -p fmx-verbs -- --include-ignored --test-threads=1
 FMX_ITEST_TRANSPORT=verbs cargo test --release --features fmx/verbs -p fmx-itest -- --test-threads=1

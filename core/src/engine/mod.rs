@@ -99,6 +99,10 @@ enum Deferred {
     Revoke(RemoteKey),
 }
 
+/// How long cancelling a request waits for its in-flight one-sided operation:
+/// longer than a device's retry budget, after which the operation has failed.
+const INFLIGHT_DRAIN_LIMIT: Duration = Duration::from_secs(60);
+
 /// A rendezvous read or write the transport reported as pending.
 struct InflightOp {
     req: ReqId,
@@ -457,6 +461,15 @@ impl Engine {
     /// Withdraws a pending operation (its scope is ending with an error).
     pub(crate) fn cancel(&mut self, id: ReqId) {
         self.matching.cancel(id);
+        // A device may still be writing into (or reading) the request's buffer:
+        // it must finish (or fail) before the buffer's borrow can end.
+        let deadline = Instant::now() + INFLIGHT_DRAIN_LIMIT;
+        while self.inflight.values().any(|op| op.req == id) && Instant::now() < deadline {
+            if self.finish_inflight().is_err() {
+                break;
+            }
+            std::thread::yield_now();
+        }
         if let Some(key) = self.reqs.get_mut(id).and_then(|r| r.exposed.take()) {
             self.tp.revoke(&key);
         }
