@@ -38,6 +38,7 @@ pub mod lend;
 pub mod liveness;
 pub mod loopback;
 pub mod pool;
+pub mod settings;
 
 pub use endpoint::{Endpoint, OpStatus, PeerId, PeerState, ReceiveMemory, RegistrationStats, RemoteKey, SendOutcome};
 pub use error::TransportError;

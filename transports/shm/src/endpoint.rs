@@ -46,15 +46,7 @@ impl ShmConfig {
     /// names every transport reads, `FMX_POOL_SLOTS`, `FMX_SLOT_BYTES`),
     /// `FMX_NEWCOMER_CREDITS`, `FMX_CREDIT_THRESHOLD` and `FMX_SHM_DIR`.
     pub fn from_env(job: &str, rank: u32, size: u32) -> Result<Self, TransportError> {
-        let num = |var: &str| -> Result<Option<usize>, TransportError> {
-            match std::env::var(var) {
-                Err(_) => Ok(None),
-                Ok(v) => v.trim().parse::<usize>().ok().filter(|&n| n > 0).map(Some).ok_or_else(|| TransportError::Setup {
-                    what: format!("{var}={v:?} is not a positive integer"),
-                    source: std::io::Error::from(std::io::ErrorKind::InvalidInput),
-                }),
-            }
-        };
+        let num = fmx_transport::settings::env_positive;
         Ok(Self {
             job: job.to_owned(),
             rank,

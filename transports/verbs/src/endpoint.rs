@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use fmx_transport::credit::{Class, CreditConfig, Gate, PeerCredits};
 use fmx_transport::liveness::PeerWatch;
 use fmx_transport::pool::{HugePages, Lease, Pool, PoolConfig, RegistrationHook};
+use fmx_transport::settings::{env_number as env_num, env_positive as positive};
 use fmx_transport::{
     Endpoint, MsgHeader, MsgKind, OpStatus, PeerId, PeerState, ReceiveMemory, RegistrationStats, RemoteKey, SendOutcome, TransportError,
     HEADER_BYTES,
@@ -79,30 +80,11 @@ pub struct VerbsConfig {
     pub retry_cnt: u8,
 }
 
-fn env_num(var: &str) -> Result<Option<usize>, TransportError> {
-    match std::env::var(var) {
-        Err(_) => Ok(None),
-        Ok(v) => v.trim().parse::<usize>().map(Some).map_err(|_| TransportError::Setup {
-            what: format!("{var}={v:?} is not a non-negative integer"),
-            source: std::io::Error::from(std::io::ErrorKind::InvalidInput),
-        }),
-    }
-}
-
 impl VerbsConfig {
     /// Defaults, overridden by `FMX_POOL_SLOTS`, `FMX_SLOT_BYTES`,
     /// `FMX_NEWCOMER_CREDITS`, `FMX_CREDIT_THRESHOLD`, `FMX_VERBS_SRQ` (0: off),
     /// `FMX_VERBS_INLINE`, `FMX_VERBS_BOUNCE_MAX`, `FMX_VERBS_TIMEOUT`, `FMX_VERBS_RETRY`.
     pub fn from_env(rank: u32, size: u32) -> Result<Self, TransportError> {
-        let positive = |var: &str| -> Result<Option<usize>, TransportError> {
-            match env_num(var)? {
-                Some(0) => Err(TransportError::Setup {
-                    what: format!("{var}=0: must be positive"),
-                    source: std::io::Error::from(std::io::ErrorKind::InvalidInput),
-                }),
-                v => Ok(v),
-            }
-        };
         Ok(Self {
             rank,
             size,
@@ -816,6 +798,35 @@ impl VerbsEndpoint {
         Ok(OpStatus::Pending(id))
     }
 
+    /// A key for `[ptr, ptr+len)`: the owned registration covering it, a bounce
+    /// buffer (filled now for reading; copied back at revoke for writing), or
+    /// a registration for this exposure.
+    fn expose_region(&mut self, ptr: *mut u8, len: usize, writable: bool) -> Result<RemoteKey, TransportError> {
+        let addr = ptr as u64;
+        if len == 0 {
+            return Ok(RemoteKey { addr, len: 0, key: 0 });
+        }
+        if let Some(o) = self.owned_lkey(addr, len) {
+            return Ok(RemoteKey { addr, len: len as u64, key: u64::from(o.rkey) });
+        }
+        if len <= self.bounce_max {
+            if let Some(lease) = self.lease_bounce()? {
+                let b = self.bounce.buf_mut(&lease);
+                if !writable {
+                    // SAFETY: `ptr` is the caller's slice of `len` bytes; the bounce buffer holds at least `len`.
+                    unsafe { std::ptr::copy_nonoverlapping(ptr, b.as_mut_ptr(), len) };
+                }
+                let key = RemoteKey { addr: b.as_ptr() as u64, len: len as u64, key: u64::from(self.bounce.handle(&lease).rkey()) };
+                self.exposed.insert((key.addr, key.key), Exposure::Bounce { lease, dst: writable.then_some((ptr, len)) });
+                return Ok(key);
+            }
+        }
+        let mr = self.register_per_op(self.rank, ptr, len, if writable { Access::RemoteWrite } else { Access::RemoteRead })?;
+        let key = RemoteKey { addr, len: len as u64, key: u64::from(mr.rkey()) };
+        self.exposed.insert((addr, key.key), Exposure::PerOp(mr));
+        Ok(key)
+    }
+
     fn probe(&mut self, peer: PeerId) {
         let Some(Some(p)) = self.peers.get(peer as usize) else { return };
         if p.probing || p.dead.is_some() || p.last_probe.elapsed() < PROBE_EVERY {
@@ -1016,48 +1027,12 @@ impl Endpoint for VerbsEndpoint {
     }
 
     fn expose(&mut self, buf: &[u8]) -> Result<RemoteKey, TransportError> {
-        let addr = buf.as_ptr() as u64;
-        if buf.is_empty() {
-            return Ok(RemoteKey { addr, len: 0, key: 0 });
-        }
-        if let Some(o) = self.owned_lkey(addr, buf.len()) {
-            return Ok(RemoteKey { addr, len: buf.len() as u64, key: u64::from(o.rkey) });
-        }
-        if buf.len() <= self.bounce_max {
-            if let Some(lease) = self.lease_bounce()? {
-                let b = self.bounce.buf_mut(&lease);
-                b[..buf.len()].copy_from_slice(buf);
-                let key = RemoteKey { addr: b.as_ptr() as u64, len: buf.len() as u64, key: u64::from(self.bounce.handle(&lease).rkey()) };
-                self.exposed.insert((key.addr, key.key), Exposure::Bounce { lease, dst: None });
-                return Ok(key);
-            }
-        }
-        let mr = self.register_per_op(self.rank, buf.as_ptr(), buf.len(), Access::RemoteRead)?;
-        let key = RemoteKey { addr, len: buf.len() as u64, key: u64::from(mr.rkey()) };
-        self.exposed.insert((addr, key.key), Exposure::PerOp(mr));
-        Ok(key)
+        // Not writable: the region is only read through this pointer.
+        self.expose_region(buf.as_ptr().cast_mut(), buf.len(), false)
     }
 
     fn expose_mut(&mut self, buf: &mut [u8]) -> Result<RemoteKey, TransportError> {
-        let addr = buf.as_ptr() as u64;
-        if buf.is_empty() {
-            return Ok(RemoteKey { addr, len: 0, key: 0 });
-        }
-        if let Some(o) = self.owned_lkey(addr, buf.len()) {
-            return Ok(RemoteKey { addr, len: buf.len() as u64, key: u64::from(o.rkey) });
-        }
-        if buf.len() <= self.bounce_max {
-            if let Some(lease) = self.lease_bounce()? {
-                let b = self.bounce.buf(&lease);
-                let key = RemoteKey { addr: b.as_ptr() as u64, len: buf.len() as u64, key: u64::from(self.bounce.handle(&lease).rkey()) };
-                self.exposed.insert((key.addr, key.key), Exposure::Bounce { lease, dst: Some((buf.as_mut_ptr(), buf.len())) });
-                return Ok(key);
-            }
-        }
-        let mr = self.register_per_op(self.rank, buf.as_ptr(), buf.len(), Access::RemoteWrite)?;
-        let key = RemoteKey { addr, len: buf.len() as u64, key: u64::from(mr.rkey()) };
-        self.exposed.insert((addr, key.key), Exposure::PerOp(mr));
-        Ok(key)
+        self.expose_region(buf.as_mut_ptr(), buf.len(), true)
     }
 
     fn revoke(&mut self, key: &RemoteKey) {
