@@ -3,7 +3,7 @@
 
 use std::time::Instant;
 
-use fmx::{Comm, Result};
+use fmx::{Comm, Fmx, Result};
 
 use crate::params::{Params, Test};
 use crate::report::Row;
@@ -11,12 +11,21 @@ use crate::report::Row;
 const TAG: i32 = 1;
 const ACK_TAG: i32 = 2;
 
-/// Runs every size of `p`; rows on rank 0, empty elsewhere.
-pub fn run(world: &Comm, p: &Params) -> Result<Vec<Row>> {
+type Buf = Box<dyn std::ops::DerefMut<Target = [u8]>>;
+
+fn buffer(fmx: &Fmx, plain: bool, len: usize, fill: u8) -> Result<Buf> {
+    let mut b: Buf = if plain { Box::new(vec![0u8; len]) } else { Box::new(fmx.alloc_registered::<u8>(len)?) };
+    b.fill(fill);
+    Ok(b)
+}
+
+/// Runs every size of `p` on the world; rows on rank 0, empty elsewhere.
+pub fn run(fmx: &Fmx, p: &Params) -> Result<Vec<Row>> {
+    let world = fmx.world();
     let mut rows = Vec::new();
     let max = p.sizes().last().copied().unwrap_or(0);
-    let mut sbuf = vec![b'a'; max];
-    let mut rbuf = vec![b'b'; max];
+    let mut sbuf = buffer(fmx, p.plain, max, b'a')?;
+    let mut rbuf = buffer(fmx, p.plain, max, b'b')?;
     for size in p.sizes() {
         world.barrier()?;
         let (iters, warmup) = p.loops(size);

@@ -57,6 +57,9 @@ pub struct Params {
     pub window: usize,
     /// Print JSON instead of OSU columns.
     pub json: bool,
+    /// Send from and receive into plain `Vec`s instead of registered buffers
+    /// (measures the bounce/per-operation registration path of verbs).
+    pub plain: bool,
 }
 
 /// Above this size OSU uses fewer iterations.
@@ -65,7 +68,7 @@ pub const LARGE_THRESHOLD: usize = 8192;
 impl Params {
     /// OSU defaults for `test`: sizes 1 B .. 4 MiB, window 64.
     pub fn new(test: Test) -> Self {
-        Self { test, min_size: 1, max_size: 4 << 20, iters: None, warmup: None, window: 64, json: false }
+        Self { test, min_size: 1, max_size: 4 << 20, iters: None, warmup: None, window: 64, json: false, plain: false }
     }
 
     /// The sizes measured: 0 if asked, then powers of two.

@@ -9,7 +9,7 @@ use fmx_bench::params::{Params, Test};
 use fmx_bench::{compare, osu, report};
 
 const USAGE: &str = "usage:
-  fmx-perf latency|bw|bibw [--min-size B] [--max-size B] [--iters N] [--warmup N] [--window N] [--json] [--transport NAME]
+  fmx-perf latency|bw|bibw [--min-size B] [--max-size B] [--iters N] [--warmup N] [--window N] [--json] [--plain] [--transport NAME]
   fmx-perf compare [--sizes 8,1048576,4194304] [--update-readme FILE] [--no-peers]";
 
 fn size_arg(v: Option<String>, what: &str) -> Result<usize, String> {
@@ -35,6 +35,7 @@ fn parse(args: &[String]) -> Result<(Params, Option<String>), String> {
             "--warmup" | "-x" => p.warmup = Some(size_arg(it.next(), "--warmup")?),
             "--window" | "-W" => p.window = size_arg(it.next(), "--window")?.max(1),
             "--json" => p.json = true,
+            "--plain" => p.plain = true,
             "--transport" => transport = Some(it.next().ok_or("--transport needs a name")?),
             other => return Err(format!("unknown option {other}\n{USAGE}")),
         }
@@ -60,13 +61,18 @@ fn run_rank(p: &Params) -> Result<(), String> {
         return Err("fmx-perf needs at least 2 ranks".into());
     }
     pin(world.rank());
-    let rows = osu::run(world, p).map_err(|e| e.to_string())?;
+    let rows = osu::run(&fmx, p).map_err(|e| e.to_string())?;
     if world.rank() == 0 {
         let tp = world.transport_name();
         if p.json {
             print!("{}", report::json(p.test, tp, &rows));
         } else {
             print!("{}", report::osu_header(p.test, tp));
+            // Like perftest (and OSU under an MPI registration cache), buffers are registered once.
+            println!(
+                "# buffers: {}",
+                if p.plain { "plain Vec (registered per operation or bounced)" } else { "registered once (Fmx::alloc_registered)" }
+            );
             for r in &rows {
                 print!("{}", report::osu_line(r));
             }
