@@ -164,11 +164,6 @@ impl Fmx {
         self.world.sh.engine.borrow().tp.registration_stats()
     }
 
-    /// The transport this process uses ("loopback", "shm", "verbs").
-    pub fn transport_name(&self) -> &'static str {
-        self.world.sh.engine.borrow().tp.name()
-    }
-
     /// Where this process's receive memory goes.
     pub fn receive_memory(&self) -> ReceiveMemory {
         use fmx_transport::Endpoint;

@@ -567,8 +567,10 @@ impl VerbsEndpoint {
     }
 
     fn mailbox_word(&self, peer: PeerId) -> u64 {
-        // SAFETY: the mailbox map holds `size` aligned u64 words; the device
-        // writes them (DMA), so they are read atomically, never through a reference to plain memory.
+        #[allow(clippy::cast_ptr_alignment)] // a page-aligned map
+        // SAFETY: the mailbox map is page-aligned and holds `size` u64 words; the
+        // device writes them (DMA), so they are read atomically, never through a
+        // reference to plain memory.
         let words = unsafe { &*self.mailbox.as_ptr().cast::<AtomicU64>().add(peer as usize) };
         words.load(Ordering::Acquire)
     }

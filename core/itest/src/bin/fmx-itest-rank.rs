@@ -17,7 +17,7 @@ macro_rules! check {
 
 /// Which transport carries this rank's traffic (the tests check it).
 fn announce(fmx: &fmx::Fmx) {
-    println!("TRANSPORT {}", fmx.transport_name());
+    println!("TRANSPORT {}", fmx.world().transport_name());
 }
 
 /// A registered buffer sent 100 times is registered once; a plain slice that
