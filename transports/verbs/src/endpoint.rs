@@ -93,7 +93,7 @@ impl VerbsConfig {
             newcomer: positive("FMX_NEWCOMER_CREDITS")?.map_or(DEFAULT_NEWCOMER_CREDITS, |n| n as u32),
             threshold: positive("FMX_CREDIT_THRESHOLD")?.map(|n| n as u32),
             srq: env_num("FMX_VERBS_SRQ")?.is_none_or(|n| n != 0),
-            inline: env_num("FMX_VERBS_INLINE")?.map_or(128, |n| n as u32),
+            inline: env_num("FMX_VERBS_INLINE")?.map_or(INLINE_BUF as u32, |n| n as u32),
             bounce_max: env_num("FMX_VERBS_BOUNCE_MAX")?.unwrap_or(DEFAULT_BOUNCE_MAX),
             timeout: env_num("FMX_VERBS_TIMEOUT")?.map_or(14, |n| n.min(31) as u8),
             retry_cnt: env_num("FMX_VERBS_RETRY")?.map_or(7, |n| n.min(7) as u8),
