@@ -293,31 +293,36 @@ impl Engine {
     fn finish_inflight(&mut self) -> Result<usize> {
         let mut done = Vec::new();
         self.tp.poll_ops(|id, r| done.push((id, r)))?;
-        for (id, r) in &mut done {
-            let Some(op) = self.inflight.remove(id) else { continue };
-            match std::mem::replace(r, Ok(())) {
-                Ok(()) if op.part => self.reqs.part_done(op.req, op.status),
-                Ok(()) => self.reqs.complete(op.req, op.status),
-                Err(e) => self.reqs.fail(op.req, e.into()),
+        let n = done.len();
+        for (id, r) in done {
+            if let Some(op) = self.inflight.remove(&id) {
+                self.settle(op, r)?;
             }
-            self.send_control(op.peer, op.fin, Payload::None)?;
         }
-        Ok(done.len())
+        Ok(n)
     }
 
-    /// Records what a one-sided operation's outcome means for its request;
-    /// the FIN goes out now (done or failed) or when the operation completes.
+    /// Records what a one-sided operation's outcome means for its request: now
+    /// when it is done or failed, at completion when it is pending.
     fn after_one_sided(&mut self, r: std::result::Result<OpStatus, TransportError>, op: InflightOp) -> Result<()> {
         match r {
             Ok(OpStatus::Pending(id)) => {
                 self.inflight.insert(id, op);
-                return Ok(());
+                Ok(())
             }
-            Ok(OpStatus::Done) if op.part => self.reqs.part_done(op.req, op.status),
-            Ok(OpStatus::Done) => self.reqs.complete(op.req, op.status),
+            Ok(OpStatus::Done) => self.settle(op, Ok(())),
+            Err(e) => self.settle(op, Err(e)),
+        }
+    }
+
+    /// A finished one-sided operation: (half-)completes or fails its request,
+    /// and sends the FIN the peer waits for whatever happened.
+    fn settle(&mut self, op: InflightOp, r: std::result::Result<(), TransportError>) -> Result<()> {
+        match r {
+            Ok(()) if op.part => self.reqs.part_done(op.req, op.status),
+            Ok(()) => self.reqs.complete(op.req, op.status),
             Err(e) => self.reqs.fail(op.req, e.into()),
         }
-        // The peer waits for FIN (we are done with its buffer) whatever happened here.
         self.send_control(op.peer, op.fin, Payload::None)
     }
 
