@@ -72,6 +72,24 @@ impl CreditConfig {
         }
         Ok(Self { slice, newcomer: newcomer.clamp(1, slice), ctrl: 2, threshold: threshold.unwrap_or(slice.div_ceil(2)).clamp(1, slice) })
     }
+
+    /// [`CreditConfig::for_pool`] with `ctrl` control slots per peer, for a
+    /// transport's setup: the error names the setting (`pool_var`) to raise.
+    pub fn for_transport(
+        pool: u32,
+        peers: u32,
+        newcomer: u32,
+        threshold: Option<u32>,
+        ctrl: u32,
+        pool_var: &str,
+    ) -> Result<Self, crate::TransportError> {
+        let mut c = Self::for_pool(pool, peers, newcomer, threshold).map_err(|what| crate::TransportError::Setup {
+            what: format!("{what} (set {pool_var} to at least {})", peers.max(1)),
+            source: std::io::Error::from(std::io::ErrorKind::InvalidInput),
+        })?;
+        c.ctrl = ctrl;
+        Ok(c)
+    }
 }
 
 /// Credits between us and one peer, both directions.

@@ -64,13 +64,7 @@ impl ShmConfig {
     }
 
     fn credits(&self) -> Result<CreditConfig, TransportError> {
-        let l = self.layout();
-        let mut c = CreditConfig::for_pool(self.pool, l.peers(), self.newcomer, self.threshold).map_err(|what| TransportError::Setup {
-            what: format!("{what} (set FMX_SHM_POOL_SLOTS to at least {})", l.peers()),
-            source: std::io::Error::from(std::io::ErrorKind::InvalidInput),
-        })?;
-        c.ctrl = CTRL_SLOTS;
-        Ok(c)
+        CreditConfig::for_transport(self.pool, self.layout().peers(), self.newcomer, self.threshold, CTRL_SLOTS, "FMX_SHM_POOL_SLOTS")
     }
 }
 

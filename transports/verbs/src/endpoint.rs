@@ -101,13 +101,7 @@ impl VerbsConfig {
     }
 
     fn credits(&self) -> Result<CreditConfig, TransportError> {
-        let peers = self.size.saturating_sub(1).max(1);
-        let mut c = CreditConfig::for_pool(self.pool, peers, self.newcomer, self.threshold).map_err(|what| TransportError::Setup {
-            what: format!("{what} (set FMX_POOL_SLOTS to at least {peers})"),
-            source: std::io::Error::from(std::io::ErrorKind::InvalidInput),
-        })?;
-        c.ctrl = CTRL_SLOTS;
-        Ok(c)
+        CreditConfig::for_transport(self.pool, self.size.saturating_sub(1), self.newcomer, self.threshold, CTRL_SLOTS, "FMX_POOL_SLOTS")
     }
 }
 
