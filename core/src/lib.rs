@@ -22,7 +22,9 @@
 //! fmx.finalize()?;
 //! # Ok::<(), fmx::Error>(())
 //! ```
-//! Run it with `fmxrun -n 4 ./program`; started alone it is a world of one.
+//! Run it with `fmxrun -n 4 ./program`, `mpiexec -n 4 ./program` (MPICH's
+//! Hydra, PMI-1) or `srun --mpi=pmi2 -n 4 ./program` (Slurm, PMI-2); started
+//! alone it is a world of one.
 //!
 //! ## Non-blocking operations
 //! They borrow their buffers inside [`Comm::scope`], which completes every
@@ -41,7 +43,8 @@
 //! ## Cargo features
 //! None yet: the shared-memory transport is always built. Verbs and
 //! libfabric transports arrive as features.
-#![forbid(unsafe_code)]
+// One unsafe block: adopting the PMI socket a process manager hands us by number.
+#![deny(unsafe_code)]
 #![warn(missing_docs)]
 
 pub mod am;
@@ -52,6 +55,7 @@ mod engine;
 mod error;
 mod join;
 pub mod launcher;
+mod locality;
 mod registered;
 mod scope;
 mod select;
@@ -61,11 +65,13 @@ use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
+pub use bootstrap::SpawnRequest;
 pub use coll::{Op, Reduce};
 pub use comm::Comm;
 pub use comm::SendAttempt;
 pub use error::{Error, Result};
 pub use fmx_transport::{ReceiveMemory, RegistrationStats};
+pub use locality::Locality;
 pub use registered::Registered;
 pub use scope::{Request, Scope};
 pub use select::TRANSPORT_NAMES;
@@ -162,6 +168,40 @@ impl Fmx {
     pub fn registration_stats(&self) -> RegistrationStats {
         use fmx_transport::Endpoint;
         self.world.sh.engine.borrow().tp.registration_stats()
+    }
+
+    /// The launcher that started this process: `fmxrun`, `PMI-1` (Hydra),
+    /// `PMI-2` (Slurm) or `single`.
+    pub fn launcher(&self) -> &'static str {
+        self.world.sh.boot.borrow().name()
+    }
+
+    /// Which node this process runs on, and its neighbours there.
+    pub fn locality(&self) -> Locality {
+        Locality::from_nodes(&self.world.sh.boot.borrow().nodes(), self.world.rank())
+    }
+
+    /// Whether this world was started by another world's [`Fmx::spawn`].
+    pub fn spawned(&self) -> bool {
+        self.world.sh.boot.borrow().spawned()
+    }
+
+    /// Asks the process manager to start a new world of `req.nprocs`
+    /// processes (one caller, not collective). Hydra (PMI-1 and PMI-2) can;
+    /// fmxrun and Slurm's PMI-2 cannot (the error says so).
+    pub fn spawn(&self, req: &SpawnRequest) -> Result<()> {
+        self.world.sh.check_live("spawn")?;
+        if req.nprocs == 0 {
+            return Err(Error::Launch("spawn: nprocs is 0; a world needs at least one process".into()));
+        }
+        self.world.sh.boot.borrow_mut().spawn(req)
+    }
+
+    /// A value the spawning world passed in [`SpawnRequest::values`]
+    /// (`None` if absent, or if this world was not spawned).
+    pub fn parent_value(&self, key: &str) -> Result<Option<String>> {
+        self.world.sh.check_live("parent_value")?;
+        self.world.sh.boot.borrow_mut().parent_value(key)
     }
 
     /// Where this process's receive memory goes.

@@ -55,6 +55,20 @@ pub(crate) fn open(boot: &mut Bootstrap) -> Result<Transport> {
     if boot.size() == 1 {
         return Ok(Transport::Loopback(Loopback::new()));
     }
+    let nodes = boot.nodes();
+    let spread = nodes.iter().any(|&n| n != nodes[0]);
+    #[cfg(feature = "verbs")]
+    let choice = if choice == "auto" && spread { "verbs".to_string() } else { choice };
+    if spread && choice != "verbs" {
+        let other = nodes.iter().position(|&n| n != nodes[0]).unwrap_or(0);
+        return Err(Error::Bootstrap(format!(
+            "the job spans {} nodes (rank 0 on node {}, rank {other} on node {}) but transport {choice:?} reaches only this host; \
+             build fmx with the `verbs` feature and use FMX_TRANSPORT=verbs (or auto)",
+            distinct(&nodes),
+            nodes[0],
+            nodes[other]
+        )));
+    }
     #[cfg(feature = "verbs")]
     if choice == "verbs" {
         let setup = VerbsSetup::create(VerbsConfig::from_env(boot.rank(), boot.size())?)?;
@@ -64,7 +78,7 @@ pub(crate) fn open(boot: &mut Bootstrap) -> Result<Transport> {
         boot.barrier()?;
         return Ok(Transport::Verbs(Box::new(ep)));
     }
-    // Every rank of an fmxrun job is on this host: shared memory.
+    // Every rank is on this host: shared memory.
     let cfg = ShmConfig::from_env(&boot.job_id(), boot.rank(), boot.size())?;
     let setup = ShmSetup::create(cfg)?;
     let addresses = boot.allgather(&setup.address())?;
@@ -73,6 +87,13 @@ pub(crate) fn open(boot: &mut Bootstrap) -> Result<Transport> {
     boot.barrier()?;
     ep.unlink();
     Ok(Transport::Shm(ep))
+}
+
+fn distinct(nodes: &[u32]) -> usize {
+    let mut v = nodes.to_vec();
+    v.sort_unstable();
+    v.dedup();
+    v.len()
 }
 
 /// Removes whatever files a job of the given id may have left (launchers call this).

@@ -1,15 +1,18 @@
 //! Who we are and how to reach the others: rank, size, and the exchange of
 //! endpoint addresses, from whichever launcher started the process.
 //!
-//! Backends, picked from the environment: `fmxrun` (`FMX_RENDEZVOUS` set);
-//! otherwise a lone process is a world of one.
+//! Backends, picked from the environment in this order: `fmxrun`
+//! (`FMX_RENDEZVOUS` set); a PMI process manager (`PMI_FD` set: Hydra's
+//! PMI-1, Slurm's PMI-2); otherwise a lone process is a world of one.
 
 mod fmxrun;
+mod pmi;
 pub(crate) mod wire;
 
 pub use fmxrun::ENV_RENDEZVOUS;
+pub use pmi::SpawnRequest;
 
-use crate::error::Result;
+use crate::error::{Error, Result};
 
 /// The bootstrap of this process.
 pub(crate) enum Bootstrap {
@@ -17,6 +20,8 @@ pub(crate) enum Bootstrap {
     Single,
     /// Started by fmxrun.
     Fmxrun(fmxrun::Client),
+    /// Started by a PMI process manager (Hydra, Slurm).
+    Pmi(pmi::Client),
 }
 
 impl Bootstrap {
@@ -24,6 +29,8 @@ impl Bootstrap {
     pub(crate) fn from_env() -> Result<Self> {
         if std::env::var_os(ENV_RENDEZVOUS).is_some() {
             Ok(Self::Fmxrun(fmxrun::Client::connect_from_env()?))
+        } else if std::env::var_os("PMI_FD").is_some() {
+            Ok(Self::Pmi(pmi::Client::connect_from_env()?))
         } else {
             Ok(Self::Single)
         }
@@ -33,6 +40,7 @@ impl Bootstrap {
         match self {
             Self::Single => 0,
             Self::Fmxrun(c) => c.rank,
+            Self::Pmi(c) => c.rank,
         }
     }
 
@@ -40,6 +48,7 @@ impl Bootstrap {
         match self {
             Self::Single => 1,
             Self::Fmxrun(c) => c.size,
+            Self::Pmi(c) => c.size,
         }
     }
 
@@ -48,6 +57,7 @@ impl Bootstrap {
         match self {
             Self::Single => format!("single{}", std::process::id()),
             Self::Fmxrun(c) => c.job.clone(),
+            Self::Pmi(c) => format!("pmi{}", c.job.replace(|ch: char| !ch.is_ascii_alphanumeric(), "_")),
         }
     }
 
@@ -61,6 +71,7 @@ impl Bootstrap {
         match self {
             Self::Single => Ok(vec![blob.to_vec()]),
             Self::Fmxrun(c) => c.allgather(blob),
+            Self::Pmi(c) => c.allgather(blob),
         }
     }
 
@@ -68,6 +79,7 @@ impl Bootstrap {
         match self {
             Self::Single => Ok(()),
             Self::Fmxrun(c) => c.barrier(),
+            Self::Pmi(c) => c.barrier(),
         }
     }
 
@@ -75,6 +87,48 @@ impl Bootstrap {
         match self {
             Self::Single => Ok(()),
             Self::Fmxrun(c) => c.finalize(),
+            Self::Pmi(c) => c.finalize(),
+        }
+    }
+
+    /// Node index of every rank (all 0 when every rank shares this host).
+    pub(crate) fn nodes(&self) -> Vec<u32> {
+        match self {
+            Self::Pmi(c) => c.nodes.clone(),
+            Self::Single | Self::Fmxrun(_) => vec![0; self.size() as usize],
+        }
+    }
+
+    /// Which launcher this is, for messages and `Fmx::launcher_name`.
+    pub(crate) fn name(&self) -> &'static str {
+        match self {
+            Self::Single => "single",
+            Self::Fmxrun(_) => "fmxrun",
+            Self::Pmi(c) => c.version_name(),
+        }
+    }
+
+    /// Whether this world was started by another one's spawn request.
+    pub(crate) fn spawned(&self) -> bool {
+        matches!(self, Self::Pmi(c) if c.spawned)
+    }
+
+    /// Asks the process manager to start a new world.
+    pub(crate) fn spawn(&mut self, req: &SpawnRequest) -> Result<()> {
+        match self {
+            Self::Pmi(c) => c.spawn(req),
+            Self::Single => Err(Error::Launch("spawn: this process was started alone, with no process manager to ask".into())),
+            Self::Fmxrun(_) => {
+                Err(Error::Launch("spawn: fmxrun cannot start new worlds yet; launch under Hydra (mpiexec) to spawn".into()))
+            }
+        }
+    }
+
+    /// A value left by the world that spawned this one.
+    pub(crate) fn parent_value(&mut self, key: &str) -> Result<Option<String>> {
+        match self {
+            Self::Pmi(c) => c.parent_value(key),
+            Self::Single | Self::Fmxrun(_) => Ok(None),
         }
     }
 }
