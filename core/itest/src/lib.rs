@@ -1,5 +1,7 @@
 //! Helpers shared by the rank programs and the tests that launch them.
 
+pub mod launchers;
+
 /// The byte at index `i` of message `m` from `src` (content checks).
 pub fn pattern(src: u32, m: u64, i: usize) -> u8 {
     ((i as u64).wrapping_mul(31) ^ m.wrapping_mul(131) ^ u64::from(src).wrapping_mul(7)) as u8

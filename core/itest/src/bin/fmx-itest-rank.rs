@@ -106,6 +106,9 @@ fn main() {
     let w = fmx.world();
     let r = match scenario.as_str() {
         "registered" => registered(&fmx, w),
+        "identity" => fmx_itest::launchers::identity(&fmx),
+        "spawn" => fmx_itest::launchers::spawn(&fmx, 3),
+        "spawn-child" => fmx_itest::launchers::spawn_child(&fmx),
         "p2p-order" => p2p_order(w),
         "zero" => zero(w),
         "truncate" => truncate(w),

@@ -54,6 +54,8 @@ pub(crate) struct EnvHints {
     pub(crate) size: Option<u32>,
     /// Slurm's `PMI_JOBID`, which its `fullinit` requires.
     pub(crate) jobid: Option<String>,
+    /// Started by Slurm (`SLURM_STEP_ID` set).
+    pub(crate) slurm: bool,
     /// Set by Hydra in the processes it spawns (`PMI_SPAWNED=1`).
     pub(crate) spawned: bool,
 }
@@ -84,6 +86,7 @@ pub(crate) struct Client {
     /// Node index of every rank.
     pub(crate) nodes: Vec<u32>,
     pub(crate) spawned: bool,
+    slurm: bool,
     value_max: usize,
     rounds: u32,
 }
@@ -126,6 +129,7 @@ impl Client {
             rank: env_u32("PMI_RANK")?,
             size: env_u32("PMI_SIZE")?,
             jobid: std::env::var("PMI_JOBID").ok(),
+            slurm: std::env::var_os("SLURM_STEP_ID").is_some(),
             spawned: std::env::var("PMI_SPAWNED").is_ok_and(|v| v.trim() == "1"),
         };
         Self::connect(stream, version, timeout, &hints)
@@ -145,6 +149,7 @@ impl Client {
             job: String::new(),
             nodes: Vec::new(),
             spawned: hints.spawned,
+            slurm: hints.slurm,
             value_max: PMI2_VALUE_MAX,
             rounds: 0,
         };
@@ -335,6 +340,16 @@ impl Client {
 
     /// Asks the process manager to start a new world (one caller, not collective).
     pub(crate) fn spawn(&mut self, req: &SpawnRequest) -> Result<()> {
+        if self.slurm {
+            // Tried with Slurm 22.05: srun runs the new world as a step of the
+            // current allocation, and when the allocation has no free CPUs the
+            // step fails by cancelling the whole job, not with an error reply.
+            return Err(Error::Launch(
+                "spawn is not supported under Slurm's PMI-2 (srun --mpi=pmi2): Slurm would start the new world as a step of this \
+                 allocation and cancels the whole job when that step cannot start; launch with Hydra (mpiexec) to spawn"
+                    .into(),
+            ));
+        }
         for (k, v) in req.args.iter().map(|a| ("argument", a)).chain(req.values.iter().map(|(_, v)| ("value", v))) {
             if v.is_empty() || v.contains([' ', '\n', ';', '\t']) {
                 return Err(Error::Launch(format!(

@@ -29,7 +29,7 @@ fn v1_server(answer: impl Fn(&str) -> Option<String> + Send + 'static) -> UnixSt
 }
 
 fn hints(rank: u32, size: u32) -> EnvHints {
-    EnvHints { rank: Some(rank), size: Some(size), jobid: None, spawned: false }
+    EnvHints { rank: Some(rank), size: Some(size), jobid: None, slurm: false, spawned: false }
 }
 
 fn hydra_like(size: u32, close_on: &'static str) -> impl Fn(&str) -> Option<String> {
@@ -164,4 +164,21 @@ fn a_failed_request_reports_the_managers_message() {
     let mut c = connect(server, Version::V2, &hints(2, 4)).unwrap();
     let e = c.allgather(b"addr").unwrap_err().to_string();
     assert!(e.contains("kvs-put failed on the process manager: rc=1 (duplicate_key)"), "{e}");
+}
+
+#[test]
+fn spawn_under_slurm_is_refused_with_the_reason() {
+    let h = EnvHints { slurm: true, ..hints(2, 4) };
+    let mut c = connect(v2_server(slurm_like(4)), Version::V2, &h).unwrap();
+    let req = super::SpawnRequest { program: "/bin/true".into(), args: vec![], nprocs: 1, values: vec![] };
+    let e = c.spawn(&req).unwrap_err().to_string();
+    assert!(e.contains("not supported under Slurm's PMI-2") && e.contains("Hydra"), "{e}");
+}
+
+#[test]
+fn spawn_arguments_pmi_cannot_carry_are_rejected() {
+    let mut c = connect(v1_server(hydra_like(2, "none")), Version::V1, &hints(0, 2)).unwrap();
+    let req = super::SpawnRequest { program: "/bin/true".into(), args: vec!["two words".into()], nprocs: 1, values: vec![] };
+    let e = c.spawn(&req).unwrap_err().to_string();
+    assert!(e.contains("\"two words\"") && e.contains("space"), "{e}");
 }

@@ -1,0 +1,111 @@
+//! fmx programs started by the process managers clusters run, unchanged:
+//! MPICH's Hydra (`mpiexec.hydra`, PMI-1, and PMI-2 with FMX_PMI=2), plus the
+//! errors of a broken PMI environment. Slurm (`srun --mpi=pmi2`) is tested by
+//! scripts/slurm-test, which needs its daemons.
+//!
+//! The Hydra tests are `#[ignore]`d so that a machine with only cargo passes
+//! `cargo test`; scripts/test-all installs MPICH and runs them with
+//! `--ignored`. There, a missing `mpiexec.hydra` is a failure, never a pass.
+
+use std::process::{Command, Output, Stdio};
+
+const RANK: &str = env!("CARGO_BIN_EXE_fmx-itest-rank");
+
+fn hydra(np: u32, pmi: &str, scenario: &str) -> Output {
+    // -iface lo: Hydra would otherwise pick the machine's outside interface.
+    let mut c = Command::new("timeout");
+    c.args(["120", "mpiexec.hydra", "-launcher", "fork", "-iface", "lo", "-n", &np.to_string(), RANK, scenario]);
+    c.env("FMX_PMI", pmi).env_remove("FMX_RENDEZVOUS").env_remove("PMI_FD");
+    match c.output() {
+        Ok(o) if o.status.code() == Some(127) => panic!("mpiexec.hydra is missing: scripts/ensure-packages pmi installs MPICH"),
+        Ok(o) => o,
+        Err(e) => panic!("running timeout mpiexec.hydra: {e}"),
+    }
+}
+
+fn text(o: &Output) -> String {
+    format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
+}
+
+fn count(o: &Output, line: &str) -> usize {
+    String::from_utf8_lossy(&o.stdout).lines().filter(|l| l.trim() == line).count()
+}
+
+/// Every rank says OK, and says it was started through `pmi`.
+fn hydra_ok(np: u32, pmi: &str, scenario: &str) -> Output {
+    let o = hydra(np, pmi, scenario);
+    assert!(o.status.success(), "{scenario} on {np} ranks under Hydra ({pmi}) failed:\n{}", text(&o));
+    assert_eq!(count(&o, &format!("OK {scenario}")), np as usize, "{scenario}:\n{}", text(&o));
+    o
+}
+
+fn identity_under_hydra(pmi: &str, name: &str) {
+    for np in [1, 2, 4] {
+        let o = hydra_ok(np, pmi, "identity");
+        let out = String::from_utf8_lossy(&o.stdout);
+        for r in 0..np {
+            let want = format!("LAUNCHER {name} rank={r} size={np} node=0 local={r}/{np}");
+            assert!(out.lines().any(|l| l == want), "no {want:?} in:\n{}", text(&o));
+        }
+    }
+    for scenario in ["p2p-order", "coll", "sizes"] {
+        let o = hydra_ok(4, pmi, scenario);
+        assert_eq!(count(&o, "TRANSPORT shm"), 4, "{}", text(&o));
+    }
+}
+
+#[test]
+#[ignore = "needs MPICH's mpiexec.hydra: scripts/test-all installs it and runs these"]
+fn hydra_pmi1_ranks_point_to_point_and_collectives() {
+    identity_under_hydra("1", "PMI-1");
+}
+
+#[test]
+#[ignore = "needs MPICH's mpiexec.hydra: scripts/test-all installs it and runs these"]
+fn hydra_pmi2_ranks_point_to_point_and_collectives() {
+    identity_under_hydra("2", "PMI-2");
+}
+
+#[test]
+#[ignore = "needs MPICH's mpiexec.hydra: scripts/test-all installs it and runs these"]
+fn hydra_spawns_a_new_world_that_reports_back() {
+    for pmi in ["1", "2"] {
+        let o = hydra(2, pmi, "spawn");
+        assert!(o.status.success(), "spawn under Hydra (PMI-{pmi}) failed:\n{}", text(&o));
+        // Two parents and three children said OK; the parent saw all three report.
+        assert_eq!(count(&o, "OK spawn"), 2, "{}", text(&o));
+        assert_eq!(count(&o, "OK spawn-child"), 3, "{}", text(&o));
+        assert_eq!(count(&o, "SPAWNED 3"), 1, "{}", text(&o));
+    }
+}
+
+/// Runs one rank with a hand-made PMI environment and returns its stderr.
+fn broken(env: &[(&str, &str)], stdin: Stdio) -> String {
+    let mut c = Command::new(RANK);
+    c.arg("identity").stdin(stdin).env_remove("FMX_RENDEZVOUS").env_remove("FMX_PMI");
+    for (k, v) in env {
+        c.env(k, v);
+    }
+    let o = c.output().expect("run rank program");
+    assert_eq!(o.status.code(), Some(1), "expected a clean failure:\n{}", text(&o));
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+#[test]
+fn pmi_fd_that_is_not_a_socket_is_named() {
+    let file = std::env::temp_dir().join(format!("fmx-pmi-fd-{}", std::process::id()));
+    std::fs::write(&file, b"not a socket").unwrap();
+    let e = broken(&[("PMI_FD", "0"), ("PMI_RANK", "0"), ("PMI_SIZE", "2")], Stdio::from(std::fs::File::open(&file).unwrap()));
+    std::fs::remove_file(&file).unwrap();
+    assert!(e.contains("PMI_FD=0 is not a socket (it is a regular file)"), "{e}");
+}
+
+#[test]
+fn pmi_fd_that_is_not_open_or_not_a_number_is_named() {
+    let e = broken(&[("PMI_FD", "917"), ("PMI_RANK", "0"), ("PMI_SIZE", "2")], Stdio::null());
+    assert!(e.contains("PMI_FD=917 is not an open file descriptor"), "{e}");
+    let e = broken(&[("PMI_FD", "three")], Stdio::null());
+    assert!(e.contains("PMI_FD=\"three\" is not a file descriptor number"), "{e}");
+    let e = broken(&[("PMI_FD", "0"), ("FMX_PMI", "3")], Stdio::null());
+    assert!(e.contains("FMX_PMI=\"3\": expected 1 (Hydra), 2 (Slurm) or auto"), "{e}");
+}
