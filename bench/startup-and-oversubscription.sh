@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Regenerates the start-up and oversubscription figures of README.md:
 #   bench/startup-and-oversubscription.sh
-# Start-up: whole-process timing (hyperfine) of a 2-rank job that only inits
-# and finalizes, under fmxrun and under MPICH's mpiexec.hydra.
+# Start-up: whole-process timing (hyperfine) of a 4-rank job that only inits
+# and finalizes, under fmxrun, Hydra (PMI-1, PMI-2) and, when run inside
+# scripts/slurm-test, srun; beside MPICH's MPI_Init+MPI_Finalize under Hydra.
 # Oversubscription: a ring neighbour exchange on 2 ranks and on 4 ranks
 # sharing this machine's cores (release build, fmx's itest rank program).
 set -euo pipefail
@@ -14,17 +15,35 @@ cargo build -q --release --bin fmxrun --example init_finalize -p fmx
 cargo build -q --release -p fmx-itest --bin fmx-itest-rank
 mkdir -p bench/peers/build
 mpicc.mpich -O2 bench/peers/init_finalize.c -o bench/peers/build/init_finalize_mpich
-echo "## start-up, 2 ranks, init + finalize (hyperfine, median)"
-hyperfine -N -w 5 -r 40 --export-json /tmp/fmx-startup.json \
-  "target/release/fmxrun -n 2 target/release/examples/init_finalize" \
-  "mpiexec.hydra -iface lo -n 2 bench/peers/build/init_finalize_mpich" >/dev/null
+echo "## start-up, 4 ranks, init + finalize (hyperfine, median of 20)"
+cmds=(
+  "target/release/fmxrun -n 4 target/release/examples/init_finalize"
+  "mpiexec.hydra -launcher fork -iface lo -n 4 target/release/examples/init_finalize"
+  "env FMX_PMI=2 mpiexec.hydra -launcher fork -iface lo -n 4 target/release/examples/init_finalize"
+)
+# srun needs Slurm's daemons: run this script as
+# `scripts/slurm-test -- bench/startup-and-oversubscription.sh` to include it.
+[[ -n "${SLURM_CONF:-}" ]] && cmds+=("srun --mpi=pmi2 -n 4 target/release/examples/init_finalize")
+cmds+=("env UCX_NET_DEVICES=lo mpiexec.hydra -launcher fork -iface lo -n 4 bench/peers/build/init_finalize_mpich")
+hyperfine -N -w 3 -r 20 --export-json /tmp/fmx-startup.json "${cmds[@]}" >/dev/null
 python3 - <<'PY'
 import json
 r = json.load(open("/tmp/fmx-startup.json"))["results"]
-print("| launcher | median (ms) | mean (ms) |\n|---|---:|---:|")
+names = {
+    "fmxrun": "fmx under fmxrun",
+    "FMX_PMI=2": "fmx under Hydra, PMI-2",
+    "srun": "fmx under Slurm srun --mpi=pmi2",
+    "mpich": "MPICH MPI_Init+MPI_Finalize under Hydra (peer)",
+}
+def name(cmd):
+    for k, v in names.items():
+        if k in cmd:
+            return v
+    return "fmx under Hydra, PMI-1"
+peer = next(x for x in r if "mpich" in x["command"])["median"]
+print("| launcher, 4 ranks | median (ms) | mean (ms) | MPICH / this |\n|---|---:|---:|---:|")
 for x in r:
-    name = "fmxrun -n 2" if "fmxrun" in x["command"] else "MPICH mpiexec.hydra -n 2"
-    print(f"| {name} | {x['median']*1e3:.1f} | {x['mean']*1e3:.1f} |")
+    print(f"| {name(x['command'])} | {x['median']*1e3:.1f} | {x['mean']*1e3:.1f} | {peer/x['median']:.2f}x |")
 PY
 echo
 echo "## ring neighbour exchange (sendrecv of 8 B), us per exchange"

@@ -7,6 +7,7 @@
 //! rank runs on which node, and `spawn` to start a new world.
 
 mod fd;
+mod hierarchy;
 mod mapping;
 mod wire;
 
@@ -87,6 +88,8 @@ pub(crate) struct Client {
     pub(crate) nodes: Vec<u32>,
     pub(crate) spawned: bool,
     slurm: bool,
+    /// Exchange addresses one value per node (see `hierarchy`).
+    by_node: bool,
     value_max: usize,
     rounds: u32,
 }
@@ -150,6 +153,7 @@ impl Client {
             nodes: Vec::new(),
             spawned: hints.spawned,
             slurm: hints.slurm,
+            by_node: false,
             value_max: PMI2_VALUE_MAX,
             rounds: 0,
         };
@@ -158,6 +162,7 @@ impl Client {
             return Err(Error::Bootstrap(format!("{}: rank {} is not below size {}", version.name(), c.rank, c.size)));
         }
         c.nodes = c.process_mapping()?;
+        c.by_node = hierarchy::wanted(&c.nodes)?;
         Ok(c)
     }
 
@@ -235,11 +240,58 @@ impl Client {
         }
     }
 
-    /// Everyone's blob, in rank order: each rank puts its own (hex, in as
-    /// many keys as the value length needs), one fence, then one get per key.
+    /// Everyone's blob, in rank order: each rank puts its own, one fence,
+    /// then everyone reads everyone's (by node when `by_node`).
     pub(crate) fn allgather(&mut self, blob: &[u8]) -> Result<Vec<Vec<u8>>> {
         let round = self.rounds;
         self.rounds += 1;
+        if self.by_node {
+            return self.allgather_by_node(round, blob);
+        }
+        self.put_blob(&format!("fmx-{round}-{}", self.rank), blob)?;
+        self.fence()?;
+        (0..self.size).map(|r| self.get_blob(r, &format!("fmx-{round}-{r}"))).collect()
+    }
+
+    /// The node's leader gathers its node's blobs from files and puts them as
+    /// one value; everyone gets one value per node.
+    fn allgather_by_node(&mut self, round: u32, blob: &[u8]) -> Result<Vec<Vec<u8>>> {
+        let node = self.nodes[self.rank as usize];
+        let leader_of = |n: u32, nodes: &[u32]| nodes.iter().position(|&m| m == n).unwrap_or(0) as u32;
+        if leader_of(node, &self.nodes) == self.rank {
+            let others: Vec<u32> = (0..self.size).filter(|&r| r != self.rank && self.nodes[r as usize] == node).collect();
+            let mut mine = vec![(self.rank, blob.to_vec())];
+            mine.extend(hierarchy::collect(&self.job, round, &others, self.timeout)?);
+            self.put_blob(&format!("fmx-{round}-n{node}"), &hierarchy::pack(&mine))?;
+        } else {
+            hierarchy::leave(&self.job, round, self.rank, blob)?;
+        }
+        self.fence()?;
+        let mut distinct = self.nodes.clone();
+        distinct.sort_unstable();
+        distinct.dedup();
+        let mut out: Vec<Option<Vec<u8>>> = vec![None; self.size as usize];
+        for n in distinct {
+            let leader = leader_of(n, &self.nodes);
+            let packed = self.get_blob(leader, &format!("fmx-{round}-n{n}"))?;
+            for (r, b) in hierarchy::unpack(&packed).ok_or_else(|| Self::malformed(leader, "node value"))? {
+                if self.nodes.get(r as usize) != Some(&n) {
+                    return Err(Error::Bootstrap(format!(
+                        "node {n}'s PMI value carries rank {r}, which the process mapping puts elsewhere"
+                    )));
+                }
+                out[r as usize] = Some(b);
+            }
+        }
+        out.into_iter()
+            .enumerate()
+            .map(|(r, b)| b.ok_or_else(|| Error::Bootstrap(format!("rank {r}'s address is missing from its node's PMI value"))))
+            .collect()
+    }
+
+    /// Puts `blob` as hex under `prefix-0`, `prefix-1`, ... (as many keys as
+    /// the value length needs; the first also says how many).
+    fn put_blob(&mut self, prefix: &str, blob: &[u8]) -> Result<()> {
         let text = wire::hex(blob);
         let chunk = (self.value_max.min(1024).saturating_sub(LINE_OVERHEAD).max(64)) & !1;
         let pieces: Vec<&str> = if text.is_empty() {
@@ -248,23 +300,23 @@ impl Client {
             text.as_bytes().chunks(chunk).map(|c| std::str::from_utf8(c).unwrap_or_default()).collect()
         };
         for (i, piece) in pieces.iter().enumerate() {
-            // The first key also says how many there are; a value is never empty.
+            // A value is never empty: the first starts with the count.
             let value = if i == 0 { format!("{}:{piece}", pieces.len()) } else { (*piece).to_string() };
-            self.put(&format!("fmx-{round}-{}-{i}", self.rank), &value)?;
+            self.put(&format!("{prefix}-{i}"), &value)?;
         }
-        self.fence()?;
-        let mut out = Vec::with_capacity(self.size as usize);
-        for r in 0..self.size {
-            let first = self.get(r, &format!("fmx-{round}-{r}-0"))?;
-            let (n, head) = first.split_once(':').ok_or_else(|| Self::malformed(r, &first))?;
-            let n: usize = n.parse().map_err(|_| Self::malformed(r, &first))?;
-            let mut text = head.to_string();
-            for i in 1..n {
-                text.push_str(&self.get(r, &format!("fmx-{round}-{r}-{i}"))?);
-            }
-            out.push(wire::unhex(&text).ok_or_else(|| Self::malformed(r, &text))?);
+        Ok(())
+    }
+
+    /// Reads back what [`Client::put_blob`] wrote (`rank` put it).
+    fn get_blob(&mut self, rank: u32, prefix: &str) -> Result<Vec<u8>> {
+        let first = self.get(rank, &format!("{prefix}-0"))?;
+        let (n, head) = first.split_once(':').ok_or_else(|| Self::malformed(rank, &first))?;
+        let n: usize = n.parse().map_err(|_| Self::malformed(rank, &first))?;
+        let mut text = head.to_string();
+        for i in 1..n {
+            text.push_str(&self.get(rank, &format!("{prefix}-{i}"))?);
         }
-        Ok(out)
+        wire::unhex(&text).ok_or_else(|| Self::malformed(rank, &text))
     }
 
     fn malformed(rank: u32, value: &str) -> Error {
