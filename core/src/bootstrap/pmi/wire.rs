@@ -80,21 +80,26 @@ fn bad(what: String) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidData, what)
 }
 
-/// Parses a PMI-1 line (without or with its newline).
-pub(crate) fn parse_v1(line: &str) -> io::Result<Msg> {
-    let line = line.trim_end_matches(['\n', '\r']);
+/// A message from `key=value` fields, the first `cmd` being the command.
+fn from_fields<'a>(fields: impl Iterator<Item = &'a str>, protocol: &str, text: &str) -> io::Result<Msg> {
     let mut cmd = None;
     let mut attrs = Vec::new();
-    for token in line.split(' ').filter(|t| !t.is_empty()) {
-        let (k, v) = token.split_once('=').unwrap_or((token, ""));
+    for f in fields.filter(|f| !f.is_empty()) {
+        let (k, v) = f.split_once('=').unwrap_or((f, ""));
         if k == "cmd" && cmd.is_none() {
             cmd = Some(v.to_string());
         } else {
             attrs.push((k.to_string(), v.to_string()));
         }
     }
-    let cmd = cmd.ok_or_else(|| bad(format!("PMI-1 reply without cmd=: {line:?}")))?;
+    let cmd = cmd.ok_or_else(|| bad(format!("{protocol} reply without cmd=: {text:?}")))?;
     Ok(Msg { cmd, attrs })
+}
+
+/// Parses a PMI-1 line (without or with its newline).
+pub(crate) fn parse_v1(line: &str) -> io::Result<Msg> {
+    let line = line.trim_end_matches(['\n', '\r']);
+    from_fields(line.split(' '), "PMI-1", line)
 }
 
 /// Parses a PMI-2 body (after the length): `cmd=x;k=v;...;`, `;;` an escaped `;`.
@@ -117,18 +122,7 @@ pub(crate) fn parse_v2(body: &str) -> io::Result<Msg> {
     if !cur.is_empty() {
         fields.push(cur);
     }
-    let mut cmd = None;
-    let mut attrs = Vec::new();
-    for f in fields.into_iter().filter(|f| !f.is_empty()) {
-        let (k, v) = f.split_once('=').unwrap_or((&f, ""));
-        if k == "cmd" && cmd.is_none() {
-            cmd = Some(v.to_string());
-        } else {
-            attrs.push((k.to_string(), v.to_string()));
-        }
-    }
-    let cmd = cmd.ok_or_else(|| bad(format!("PMI-2 reply without cmd=: {body:?}")))?;
-    Ok(Msg { cmd, attrs })
+    from_fields(fields.iter().map(String::as_str), "PMI-2", body)
 }
 
 /// Longest reply accepted (bounds memory against a confused server).
