@@ -101,6 +101,14 @@ pub enum Error {
         /// What disagreed.
         detail: String,
     },
+    /// A graph topology's arguments are wrong or disagree between processes.
+    #[error("{op}: {detail}")]
+    InvalidGraph {
+        /// The constructor or neighbourhood collective.
+        op: &'static str,
+        /// What is wrong: which rank, which edge, which count.
+        detail: String,
+    },
     /// Launching processes failed.
     #[error("launch: {0}")]
     Launch(String),

@@ -60,6 +60,7 @@ mod registered;
 mod scope;
 mod select;
 mod status;
+mod topo;
 
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
@@ -76,6 +77,7 @@ pub use registered::Registered;
 pub use scope::{Request, Scope};
 pub use select::TRANSPORT_NAMES;
 pub use status::{Source, Status, Tag, TAG_UB};
+pub use topo::{Block, DistGraphComm, Info, Neighbors, Reorder, Weights};
 
 static INITIALIZED: AtomicBool = AtomicBool::new(false);
 

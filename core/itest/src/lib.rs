@@ -1,6 +1,7 @@
 //! Helpers shared by the rank programs and the tests that launch them.
 
 pub mod launchers;
+pub mod topology;
 
 /// The byte at index `i` of message `m` from `src` (content checks).
 pub fn pattern(src: u32, m: u64, i: usize) -> u8 {

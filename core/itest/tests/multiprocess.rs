@@ -198,3 +198,29 @@ fn registered_buffers_register_once_and_plain_slices_never_go_stale() {
         assert!(stats.iter().all(|s| s.contains("owned_hits=100 ")), "{stats:?}");
     }
 }
+
+#[test]
+fn dist_graph_example_7_3_three_ways() {
+    run_ok(4, "graph-7.3");
+}
+
+#[test]
+fn dist_graph_example_7_4_torus_with_every_neighbor_collective() {
+    for np in [4, 6, 8] {
+        run_ok(np, "graph-7.4");
+    }
+}
+
+#[test]
+fn dist_graph_random_multigraphs_against_a_reference() {
+    for np in [1, 2, 3, 5, 8] {
+        run_ok(np, "graph-random");
+    }
+}
+
+#[test]
+fn dist_graph_bad_input_fails_on_every_rank_without_hanging() {
+    for np in [2, 3] {
+        run_ok(np, "graph-errors");
+    }
+}

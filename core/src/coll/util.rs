@@ -18,6 +18,7 @@ pub(crate) mod tag {
     pub(crate) const ALLGATHER: u32 = 7 << 20;
     pub(crate) const ALLTOALL: u32 = 8 << 20;
     pub(crate) const JOIN: u32 = 9 << 20;
+    pub(crate) const NEIGHBOR: u32 = 10 << 20;
 }
 
 /// Block `i` of `n` elements split over `parts`: the first `n % parts` blocks get one more.

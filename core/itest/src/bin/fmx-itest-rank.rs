@@ -107,6 +107,10 @@ fn main() {
     let r = match scenario.as_str() {
         "registered" => registered(&fmx, w),
         "identity" => fmx_itest::launchers::identity(&fmx),
+        "graph-7.3" => fmx_itest::topology::example_7_3(w),
+        "graph-7.4" => fmx_itest::topology::example_7_4(w),
+        "graph-random" => fmx_itest::topology::random_graphs(w),
+        "graph-errors" => fmx_itest::topology::bad_graphs(w),
         "spawn" => fmx_itest::launchers::spawn(&fmx, 3),
         "spawn-child" => fmx_itest::launchers::spawn_child(&fmx),
         "p2p-order" => p2p_order(w),

@@ -1,0 +1,416 @@
+//! Rank-program scenarios for distributed graph topologies: the examples of
+//! the MPI Forum ticket, random multigraphs against a sequential reference,
+//! and bad input. Every rank computes the reference graph itself (it is the
+//! test's oracle, not the library's input).
+
+use fmx::{Block, Comm, DistGraphComm, Error, Info, Reorder, Weights};
+
+type R = Result<(), String>;
+
+fn e2s(e: Error) -> String {
+    e.to_string()
+}
+
+/// An edge of a reference graph: ends, weight, and its global id.
+#[derive(Clone, Copy, Debug)]
+struct Edge {
+    s: u32,
+    d: u32,
+    w: u32,
+    id: u32,
+}
+
+/// splitmix64: the same stream on every rank for the same seed.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+}
+
+/// Example 7.4: a PxQ torus with diagonals, weights 2 along the dimensions, 1 on diagonals.
+fn torus_destinations(rank: u32, p: u32, q: u32) -> ([u32; 8], [u32; 8]) {
+    let (y, x) = (rank / p, rank % p);
+    let d = [
+        p * y + (x + 1) % p,
+        p * y + (p + x - 1) % p,
+        p * ((y + 1) % q) + x,
+        p * ((q + y - 1) % q) + x,
+        p * ((y + 1) % q) + (x + 1) % p,
+        p * ((q + y - 1) % q) + (x + 1) % p,
+        p * ((y + 1) % q) + (p + x - 1) % p,
+        p * ((q + y - 1) % q) + (p + x - 1) % p,
+    ];
+    (d, [2, 2, 2, 2, 1, 1, 1, 1])
+}
+
+/// The value element `t` of the block on edge `id` carries.
+fn payload(id: u32, t: usize) -> u64 {
+    u64::from(id) * 1000 + t as u64
+}
+
+/// In- and out-edges of `me` in the order fmx promises for `dist_graph_create`:
+/// by peer, then by (giving rank, index there).
+fn general_order(edges: &[Edge], giver: &[(u32, u32)], me: u32) -> (Vec<Edge>, Vec<Edge>) {
+    let mut ins: Vec<Edge> = edges.iter().copied().filter(|e| e.d == me).collect();
+    let mut outs: Vec<Edge> = edges.iter().copied().filter(|e| e.s == me).collect();
+    ins.sort_by_key(|e| (e.s, giver[e.id as usize]));
+    outs.sort_by_key(|e| (e.d, giver[e.id as usize]));
+    (ins, outs)
+}
+
+/// Checks `neighbors()` against the expected lists and runs a
+/// neighbor_alltoallv whose block on edge e has `count(e)` elements.
+fn check_graph(g: &DistGraphComm, ins: &[Edge], outs: &[Edge], weighted: bool, count: impl Fn(u32) -> usize, what: &str) -> R {
+    let (indeg, outdeg, w) = g.neighbors_count();
+    if (indeg, outdeg, w) != (ins.len(), outs.len(), weighted) {
+        return Err(format!("{what}: neighbors_count {:?}, expected {:?}", (indeg, outdeg, w), (ins.len(), outs.len(), weighted)));
+    }
+    let n = g.neighbors(indeg, outdeg);
+    let want_src: Vec<u32> = ins.iter().map(|e| e.s).collect();
+    let want_dst: Vec<u32> = outs.iter().map(|e| e.d).collect();
+    if n.sources != want_src || n.destinations != want_dst {
+        return Err(format!("{what}: neighbors {:?} -> {:?}, expected {want_src:?} -> {want_dst:?}", n.sources, n.destinations));
+    }
+    if weighted {
+        let ws: Vec<u32> = ins.iter().map(|e| e.w).collect();
+        let wd: Vec<u32> = outs.iter().map(|e| e.w).collect();
+        if n.source_weights.as_deref() != Some(&ws[..]) || n.dest_weights.as_deref() != Some(&wd[..]) {
+            return Err(format!("{what}: weights {:?} / {:?}, expected {ws:?} / {wd:?}", n.source_weights, n.dest_weights));
+        }
+    } else if n.source_weights.is_some() || n.dest_weights.is_some() {
+        return Err(format!("{what}: an unweighted graph returned weights"));
+    }
+    // Truncated queries return a prefix.
+    let t = g.neighbors(indeg / 2, outdeg.saturating_sub(1));
+    if t.sources[..] != want_src[..indeg / 2] || t.destinations[..] != want_dst[..outdeg.saturating_sub(1)] {
+        return Err(format!("{what}: truncated neighbors are not a prefix"));
+    }
+    if g.neighbors(indeg, outdeg) != n {
+        return Err(format!("{what}: neighbors changed between calls"));
+    }
+    // neighbor_alltoallv, blocks packed with a one-element gap.
+    let scounts: Vec<usize> = outs.iter().map(|e| count(e.id)).collect();
+    let rcounts: Vec<usize> = ins.iter().map(|e| count(e.id)).collect();
+    let gapped = |c: &[usize]| -> Vec<usize> { c.iter().scan(0, |a, &x| Some(std::mem::replace(a, *a + x + 1))).collect() };
+    let (sd, rd) = (gapped(&scounts), gapped(&rcounts));
+    let mut send = vec![0u64; scounts.iter().sum::<usize>() + outs.len()];
+    for (j, e) in outs.iter().enumerate() {
+        for t in 0..scounts[j] {
+            send[sd[j] + t] = payload(e.id, t);
+        }
+    }
+    let mut recv = vec![u64::MAX; rcounts.iter().sum::<usize>() + ins.len()];
+    g.neighbor_alltoallv(&send, &scounts, &sd, &mut recv, &rcounts, &rd).map_err(e2s)?;
+    for (i, e) in ins.iter().enumerate() {
+        for t in 0..rcounts[i] {
+            if recv[rd[i] + t] != payload(e.id, t) {
+                return Err(format!("{what}: in-edge {i} (edge {} from {}) element {t}: got {}", e.id, e.s, recv[rd[i] + t]));
+            }
+        }
+        if recv[rd[i] + rcounts[i]] != u64::MAX {
+            return Err(format!("{what}: in-edge {i} wrote past its block"));
+        }
+    }
+    Ok(())
+}
+
+/// Example 7.3 built the three ways of the ticket: the same neighbours each time.
+pub fn example_7_3(w: &Comm) -> R {
+    if w.size() != 4 {
+        return Err(format!("example 7.3 needs 4 ranks, got {}", w.size()));
+    }
+    let me = w.rank();
+    let adj: [&[u32]; 4] = [&[1, 3], &[0], &[3], &[0, 2]];
+    let edges: Vec<Edge> = adj
+        .iter()
+        .enumerate()
+        .flat_map(|(s, ds)| ds.iter().map(move |&d| (s as u32, d)))
+        .enumerate()
+        .map(|(id, (s, d))| Edge { s, d, w: 1, id: id as u32 })
+        .collect();
+    let info = Info::new();
+    // 1. Each process gives its outgoing edges (unweighted).
+    let dests = adj[me as usize];
+    let g1 = w.dist_graph_create(&[me], &[dests.len()], dests, Weights::Unweighted, &info, Reorder::No).map_err(e2s)?;
+    let giver1: Vec<(u32, u32)> =
+        edges.iter().map(|e| (e.s, adj[e.s as usize].iter().position(|&d| d == e.d).unwrap_or(0) as u32)).collect();
+    let (ins, outs) = general_order(&edges, &giver1, me);
+    check_graph(&g1, &ins, &outs, false, |_| 2, "7.3 outgoing")?;
+    // 2. The whole graph on process 0, with unit weights.
+    let (srcs, degs, dsts): (Vec<u32>, Vec<usize>, Vec<u32>) =
+        if me == 0 { ((0..4).collect(), adj.iter().map(|a| a.len()).collect(), adj.concat()) } else { (vec![], vec![], vec![]) };
+    let ones = vec![1u32; dsts.len()];
+    let g2 = w.dist_graph_create(&srcs, &degs, &dsts, Weights::Values(&ones), &info, Reorder::No).map_err(e2s)?;
+    let giver2: Vec<(u32, u32)> = edges.iter().map(|e| (0, e.id)).collect();
+    let (ins2, outs2) = general_order(&edges, &giver2, me);
+    check_graph(&g2, &ins2, &outs2, true, |id| id as usize % 3, "7.3 whole graph on 0")?;
+    // 3. Adjacent: each process its in- and out-edges, as in the ticket's table.
+    let sources: Vec<u32> = (0..4u32).filter(|&s| adj[s as usize].contains(&me)).collect();
+    let sw = vec![1u32; sources.len()];
+    let dw = vec![1u32; dests.len()];
+    let g3 = w.dist_graph_create_adjacent(&sources, Weights::Values(&sw), dests, Weights::Values(&dw), &info, Reorder::No).map_err(e2s)?;
+    let ins3: Vec<Edge> = sources.iter().map(|&s| *edges.iter().find(|e| e.s == s && e.d == me).unwrap_or(&edges[0])).collect();
+    let outs3: Vec<Edge> = dests.iter().map(|&d| *edges.iter().find(|e| e.s == me && e.d == d).unwrap_or(&edges[0])).collect();
+    check_graph(&g3, &ins3, &outs3, true, |_| 1, "7.3 adjacent")?;
+    // The three agree on the neighbour sets.
+    let sorted = |g: &DistGraphComm| {
+        let n = g.neighbors(usize::MAX, usize::MAX);
+        let (mut s, mut d) = (n.sources, n.destinations);
+        s.sort_unstable();
+        d.sort_unstable();
+        (s, d)
+    };
+    if sorted(&g1) != sorted(&g2) || sorted(&g2) != sorted(&g3) {
+        return Err(format!("7.3: the three constructions differ: {:?} {:?} {:?}", sorted(&g1), sorted(&g2), sorted(&g3)));
+    }
+    Ok(())
+}
+
+/// Example 7.4 on P x Q = size (Q = 2), built with dist_graph_create, one
+/// source per rank, degree 8; every neighbourhood collective checked.
+pub fn example_7_4(w: &Comm) -> R {
+    let n = w.size();
+    if n < 4 || n % 2 != 0 {
+        return Err(format!("the torus needs an even number of ranks >= 4, got {n}"));
+    }
+    let (p, q, me) = (n / 2, 2, w.rank());
+    let mut edges = Vec::new();
+    for r in 0..n {
+        let (d, wt) = torus_destinations(r, p, q);
+        for j in 0..8 {
+            edges.push(Edge { s: r, d: d[j], w: wt[j], id: r * 8 + j as u32 });
+        }
+    }
+    let (d, wt) = torus_destinations(me, p, q);
+    let g = w.dist_graph_create(&[me], &[8], &d, Weights::Values(&wt), &Info::new(), Reorder::No).map_err(e2s)?;
+    let giver: Vec<(u32, u32)> = edges.iter().map(|e| (e.s, e.id % 8)).collect();
+    let (ins, outs) = general_order(&edges, &giver, me);
+    check_graph(&g, &ins, &outs, true, |id| 1 + id as usize % 4, "7.4")?;
+    // allgather: every in-neighbour's rank, 3 times.
+    let mut got = vec![0u32; 3 * ins.len()];
+    g.neighbor_allgather(&[me; 3], &mut got).map_err(e2s)?;
+    let want: Vec<u32> = ins.iter().flat_map(|e| [e.s; 3]).collect();
+    if got != want {
+        return Err(format!("neighbor_allgather: {got:?}, expected {want:?}"));
+    }
+    // allgatherv: in-edge i's block at displacement 5*i (rank, rank+1).
+    let rc = vec![2usize; ins.len()];
+    let rd: Vec<usize> = (0..ins.len()).map(|i| 5 * i).collect();
+    let mut got = vec![u32::MAX; 5 * ins.len()];
+    g.neighbor_allgatherv(&[me, me + 1], &mut got, &rc, &rd).map_err(e2s)?;
+    for (i, e) in ins.iter().enumerate() {
+        if got[5 * i..5 * i + 3] != [e.s, e.s + 1, u32::MAX] {
+            return Err(format!("neighbor_allgatherv: in-edge {i}: {:?}", &got[5 * i..5 * i + 3]));
+        }
+    }
+    // alltoall: out-edge j's block is (edge id, me).
+    let send: Vec<u32> = outs.iter().flat_map(|e| [e.id, me]).collect();
+    let mut got = vec![0u32; 2 * ins.len()];
+    g.neighbor_alltoall(&send, &mut got).map_err(e2s)?;
+    let want: Vec<u32> = ins.iter().flat_map(|e| [e.id, e.s]).collect();
+    if got != want {
+        return Err(format!("neighbor_alltoall: {got:?}, expected {want:?}"));
+    }
+    // alltoallw: u16 on even out-edges, u64 on odd ones (receivers know by the edge id).
+    let elem = |id: u32| if id % 2 == 0 { 2usize } else { 8 };
+    let mut send = Vec::new();
+    let mut sblocks = Vec::new();
+    for e in &outs {
+        sblocks.push(Block { displ: send.len(), count: 1, elem_size: elem(e.id) });
+        send.extend_from_slice(&u64::from(e.id).to_le_bytes()[..elem(e.id)]);
+    }
+    let mut rblocks = Vec::new();
+    let mut len = 0;
+    for e in &ins {
+        rblocks.push(Block { displ: len, count: 1, elem_size: elem(e.id) });
+        len += elem(e.id);
+    }
+    let mut recv = vec![0u8; len];
+    g.neighbor_alltoallw(&send, &sblocks, &mut recv, &rblocks).map_err(e2s)?;
+    for (e, b) in ins.iter().zip(&rblocks) {
+        let mut v = [0u8; 8];
+        v[..b.elem_size].copy_from_slice(&recv[b.displ..b.displ + b.elem_size]);
+        if u64::from_le_bytes(v) != u64::from(e.id) {
+            return Err(format!("neighbor_alltoallw: edge {} gave {}", e.id, u64::from_le_bytes(v)));
+        }
+    }
+    Ok(())
+}
+
+/// Random multigraphs (self-loops, isolated ranks, zero-count edges), built
+/// with both constructors and random partitions of who gives which edge.
+pub fn random_graphs(w: &Comm) -> R {
+    let (n, me) = (w.size(), w.rank());
+    let seeds = std::env::var("FMX_ITEST_GRAPH_SEEDS").ok().and_then(|v| v.parse().ok()).unwrap_or(6u64);
+    for seed in 0..seeds {
+        let mut rng = Rng(seed * 7919 + u64::from(n));
+        let m = rng.below(4 * u64::from(n) + 1) as u32;
+        // Rank n-1 stays isolated in odd seeds (when there is more than one rank).
+        let isolated = (seed % 2 == 1 && n > 1).then_some(n - 1);
+        let pick = |rng: &mut Rng| loop {
+            let r = rng.below(u64::from(n)) as u32;
+            if Some(r) != isolated {
+                break r;
+            }
+        };
+        let edges: Vec<Edge> = (0..m)
+            .map(|id| {
+                let s = pick(&mut rng);
+                // A self-loop now and then; repeated pairs happen by chance.
+                let d = if rng.below(6) == 0 { s } else { pick(&mut rng) };
+                Edge { s, d, w: rng.below(5) as u32, id }
+            })
+            .collect();
+        let weighted = seed % 3 != 0;
+        let count = |id: u32| ((u64::from(id) * 2_654_435_761 + seed) % 4) as usize;
+        let what = format!("seed {seed} ({m} edges, {})", if weighted { "weighted" } else { "unweighted" });
+        // General: edge e is given by a random rank, grouped by source there.
+        let giver_rank: Vec<u32> = edges.iter().map(|_| rng.below(u64::from(n)) as u32).collect();
+        let mine: Vec<Edge> = edges.iter().copied().filter(|e| giver_rank[e.id as usize] == me).collect();
+        let mut srcs: Vec<u32> = mine.iter().map(|e| e.s).collect();
+        srcs.dedup();
+        let mut degs = Vec::new();
+        let mut dsts = Vec::new();
+        let mut wts = Vec::new();
+        let mut giver = vec![(0u32, 0u32); edges.len()];
+        let mut runs = Vec::new();
+        for (k, e) in mine.iter().enumerate() {
+            if k == 0 || mine[k - 1].s != e.s {
+                runs.push(0usize);
+            }
+            *runs.last_mut().unwrap_or(&mut 0) += 1;
+            giver[e.id as usize] = (me, dsts.len() as u32);
+            dsts.push(e.d);
+            wts.push(e.w);
+        }
+        degs.extend(runs);
+        // Everyone needs everyone's (giver, index) to know the order: recompute them all.
+        for r in 0..n {
+            let mut k = 0u32;
+            for e in edges.iter().filter(|e| giver_rank[e.id as usize] == r) {
+                giver[e.id as usize] = (r, k);
+                k += 1;
+            }
+        }
+        let wv = if weighted { Weights::Values(&wts) } else { Weights::Unweighted };
+        let g = w.dist_graph_create(&srcs, &degs, &dsts, wv, &Info::new(), Reorder::No).map_err(|e| format!("{what}: {e}"))?;
+        let (ins, outs) = general_order(&edges, &giver, me);
+        check_graph(&g, &ins, &outs, weighted, count, &format!("{what}, general"))?;
+        // Adjacent: in- and out-edges by edge id (so both ends list multiple edges alike).
+        let ins: Vec<Edge> = edges.iter().copied().filter(|e| e.d == me).collect();
+        let outs: Vec<Edge> = edges.iter().copied().filter(|e| e.s == me).collect();
+        let s: Vec<u32> = ins.iter().map(|e| e.s).collect();
+        let d: Vec<u32> = outs.iter().map(|e| e.d).collect();
+        let sw: Vec<u32> = ins.iter().map(|e| e.w).collect();
+        let dw: Vec<u32> = outs.iter().map(|e| e.w).collect();
+        let (swv, dwv) = if weighted { (Weights::Values(&sw), Weights::Values(&dw)) } else { (Weights::Unweighted, Weights::Unweighted) };
+        let g = w.dist_graph_create_adjacent(&s, swv, &d, dwv, &Info::new(), Reorder::No).map_err(|e| format!("{what}: {e}"))?;
+        check_graph(&g, &ins, &outs, weighted, count, &format!("{what}, adjacent"))?;
+        if isolated == Some(me) && (g.neighbors_count().0, g.neighbors_count().1) != (0, 0) {
+            return Err(format!("{what}: isolated rank {me} has neighbours"));
+        }
+    }
+    Ok(())
+}
+
+/// Wrong input gives an error on every rank naming the problem, and the
+/// communicator still works afterwards (no rank is left waiting).
+pub fn bad_graphs(w: &Comm) -> R {
+    let (n, me) = (w.size(), w.rank());
+    if n < 2 {
+        return Err("bad-graphs needs 2 ranks".into());
+    }
+    let info = Info::new();
+    let expect = |r: Result<DistGraphComm, Error>, mine: &str, others: &str, what: &str| -> R {
+        match r {
+            Ok(_) => Err(format!("{what}: accepted")),
+            Err(e) => {
+                let text = e.to_string();
+                if text.contains(mine) || text.contains(others) {
+                    Ok(())
+                } else {
+                    Err(format!("{what}: error {text:?} names neither {mine:?} nor {others:?}"))
+                }
+            }
+        }
+    };
+    // A destination outside the communicator, given by the last rank only.
+    let d = if me == n - 1 { vec![n] } else { vec![] };
+    let srcs = if me == n - 1 { vec![me] } else { vec![] };
+    let degs = if me == n - 1 { vec![1] } else { vec![] };
+    let r = w.dist_graph_create(&srcs, &degs, &d, Weights::Unweighted, &info, Reorder::No);
+    expect(
+        r,
+        &format!("destinations[0] (edge {} -> {n}, of sources[0]): rank {n} does not exist", n - 1),
+        &format!("rank {}'s arguments are invalid", n - 1),
+        "rank outside",
+    )?;
+    // Degrees that do not add up.
+    let r = w.dist_graph_create(&[me], &[2], &[0], Weights::Unweighted, &info, Reorder::No);
+    expect(r, "degrees add up to Some(2) edges but 1 destinations are given", "arguments are invalid", "degrees")?;
+    // Unweighted on rank 0 only.
+    let one = [1u32];
+    let wv = if me == 0 { Weights::Unweighted } else { Weights::Values(&one) };
+    let r = w.dist_graph_create(&[me], &[1], &[me], wv, &info, Reorder::No);
+    expect(r, "rank 1 passed weights but rank 0 passed Unweighted", "rank 1 passed weights", "unweighted mix")?;
+    // Different info on rank 1.
+    let other = Info::new().set("fmx_check_adjacent", "false");
+    let r = w.dist_graph_create(&[], &[], &[], Weights::Unweighted, if me == 1 { &other } else { &info }, Reorder::No);
+    expect(r, "rank 1's info differs from rank 0's", "rank 1's info differs", "info mismatch")?;
+    // An unknown info key.
+    let r = w.dist_graph_create(&[], &[], &[], Weights::Unweighted, &Info::new().set("fmx_quality", "best"), Reorder::No);
+    expect(r, "info key \"fmx_quality\" is not known", "arguments are invalid", "unknown info key")?;
+    // Adjacent edges described differently: rank 0 says 0 -> 1 weighs 2, rank 1 says 3.
+    let (s, sw, d, dw): (Vec<u32>, Vec<u32>, Vec<u32>, Vec<u32>) = match me {
+        0 => (vec![], vec![], vec![1], vec![2]),
+        1 => (vec![0], vec![3], vec![], vec![]),
+        _ => (vec![], vec![], vec![], vec![]),
+    };
+    let r = w.dist_graph_create_adjacent(&s, Weights::Values(&sw), &d, Weights::Values(&dw), &info, Reorder::No);
+    expect(
+        r,
+        "edges rank 0 -> rank 1: rank 0 declares 1 (weights [2]) among its destinations, rank 1 declares 1 (weights [3])",
+        "rank 1 found an edge",
+        "adjacent weights",
+    )?;
+    // An edge only one end declares; the check can be turned off (then it is the user's promise).
+    let d = if me == 0 { vec![1] } else { vec![] };
+    let r = w.dist_graph_create_adjacent(&[], Weights::Unweighted, &d, Weights::Unweighted, &info, Reorder::No);
+    expect(
+        r,
+        "edges rank 0 -> rank 1: rank 0 declares 1 among its destinations, rank 1 declares 0",
+        "rank 1 found an edge",
+        "one-sided edge",
+    )?;
+    // A neighbour exchange whose counts disagree: ring 0 -> 1 -> ... ; rank 1 expects 3, rank 0 sends 2.
+    let g = w
+        .dist_graph_create_adjacent(&[(me + n - 1) % n], Weights::Unweighted, &[(me + 1) % n], Weights::Unweighted, &info, Reorder::No)
+        .map_err(e2s)?;
+    let sc = [if me == 0 { 2usize } else { 3 }];
+    let send = [7u32; 3];
+    let mut recv = [0u32; 3];
+    let r = g.neighbor_alltoallv(&send, &sc, &[0], &mut recv, &[3], &[0]);
+    match (me, r) {
+        (1, Err(e)) if e.to_string().contains("in-edge 0 (from rank 0) delivered 2 elements but 3 were expected") => {}
+        (1, other) => return Err(format!("short block: {other:?}")),
+        (_, Err(e)) => return Err(format!("rank {me}: {e}")),
+        (_, Ok(())) => {}
+    }
+    // Bad counts arrays are named locally.
+    match g.neighbor_alltoallv(&send, &[1, 1], &[0, 1], &mut recv, &[1], &[0]) {
+        Err(e) if e.to_string().contains("2 out counts and 2 displacements for 1 out-edges") => {}
+        other => return Err(format!("counts length: {other:?}")),
+    }
+    // Nobody was left behind: the communicators still work.
+    w.barrier().map_err(e2s)?;
+    g.barrier().map_err(e2s)
+}

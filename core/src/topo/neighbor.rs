@@ -1,0 +1,252 @@
+//! Neighbourhood collectives (MPI-3): every process sends one block along
+//! each out-edge and receives one along each in-edge, blocks in the order of
+//! [`DistGraphComm::neighbors`]. All receives are posted, then all sends, on
+//! the graph communicator's collective context; multiple edges between two
+//! processes are told apart by order (both ends list them alike), and
+//! self-loops are copied locally, the k-th out-edge to oneself feeding the
+//! k-th in-edge from oneself.
+
+use bytemuck::Pod;
+
+use super::DistGraphComm;
+use crate::coll::util::tag;
+use crate::error::{Error, Result};
+
+/// One neighbour's block of [`DistGraphComm::neighbor_alltoallw`]: `count`
+/// elements of `elem_size` bytes at byte offset `displ` (the element type may
+/// differ per neighbour, as MPI's datatypes do).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Block {
+    /// Byte offset in the buffer.
+    pub displ: usize,
+    /// Number of elements.
+    pub count: usize,
+    /// Bytes per element.
+    pub elem_size: usize,
+}
+
+impl Block {
+    fn bytes(&self) -> Option<usize> {
+        self.count.checked_mul(self.elem_size)
+    }
+}
+
+/// Disjoint sub-slices of `buf`, one per (count, displ), in the given order.
+fn split_disjoint<'a, T>(op: &'static str, buf: &'a mut [T], parts: &[(usize, usize)], edge: &str) -> Result<Vec<&'a mut [T]>> {
+    let len = buf.len();
+    let mut order: Vec<usize> = (0..parts.len()).collect();
+    order.sort_by_key(|&i| (parts[i].1, i));
+    let mut out: Vec<Option<&'a mut [T]>> = (0..parts.len()).map(|_| None).collect();
+    let mut rest = buf;
+    let mut consumed = 0;
+    let mut last: Option<usize> = None;
+    for i in order {
+        let (count, displ) = parts[i];
+        if displ.checked_add(count).is_none_or(|end| end > len) {
+            return Err(Error::InvalidGraph {
+                op,
+                detail: format!("{edge} {i}: count {count} at displacement {displ} exceeds the receive buffer of {len} elements"),
+            });
+        }
+        if displ < consumed && count > 0 {
+            let other = last.unwrap_or(i);
+            return Err(Error::InvalidGraph { op, detail: format!("{edge} {i}'s receive region overlaps {edge} {other}'s") });
+        }
+        let start = displ.max(consumed);
+        let tail = std::mem::take(&mut rest);
+        let (_, tail) = tail.split_at_mut(start - consumed);
+        let (part, tail) = tail.split_at_mut(count);
+        out[i] = Some(part);
+        rest = tail;
+        consumed = start + count;
+        if count > 0 {
+            last = Some(i);
+        }
+    }
+    Ok(out.into_iter().map(Option::unwrap_or_default).collect())
+}
+
+/// Sub-slices of `buf` for sends (may overlap).
+fn send_parts<'a, T>(op: &'static str, buf: &'a [T], parts: &[(usize, usize)]) -> Result<Vec<&'a [T]>> {
+    parts
+        .iter()
+        .enumerate()
+        .map(|(i, &(count, displ))| {
+            displ.checked_add(count).and_then(|end| buf.get(displ..end)).ok_or_else(|| Error::InvalidGraph {
+                op,
+                detail: format!("out-edge {i}: count {count} at displacement {displ} exceeds the send buffer of {} elements", buf.len()),
+            })
+        })
+        .collect()
+}
+
+fn pairs(op: &'static str, counts: &[usize], displs: &[usize], degree: usize, side: &str) -> Result<Vec<(usize, usize)>> {
+    if counts.len() != degree || displs.len() != degree {
+        return Err(Error::InvalidGraph {
+            op,
+            detail: format!("{} {side} counts and {} displacements for {degree} {side}-edges", counts.len(), displs.len()),
+        });
+    }
+    Ok(counts.iter().copied().zip(displs.iter().copied()).collect())
+}
+
+impl DistGraphComm {
+    /// Sends `sends[j]` along out-edge j, receives in-edge i into `recvs[i]`,
+    /// and checks that every in-edge delivered exactly its block.
+    fn exchange<T: Pod>(&self, op: &'static str, sends: &[&[T]], recvs: Vec<&mut [T]>) -> Result<()> {
+        self.comm.sh.check_live(op)?;
+        let me = self.comm.rank();
+        let expected: Vec<usize> = recvs.iter().map(|r| r.len()).collect();
+        // Self-loops: the k-th out-edge to me feeds the k-th in-edge from me.
+        let mut self_sends = self.outs.iter().zip(sends).filter(|(e, _)| e.0 == me).map(|(_, s)| *s);
+        let mut remote = Vec::with_capacity(recvs.len());
+        for (i, (part, &(src, _))) in recvs.into_iter().zip(&self.ins).enumerate() {
+            if src != me {
+                remote.push((i, src, part));
+                continue;
+            }
+            let data = self_sends
+                .next()
+                .ok_or_else(|| Error::InvalidGraph { op, detail: format!("in-edge {i} from rank {me} itself has no out-edge") })?;
+            if data.len() != part.len() {
+                return Err(Error::InvalidGraph {
+                    op,
+                    detail: format!("self-loop: rank {me} sends itself {} elements but in-edge {i} expects {}", data.len(), part.len()),
+                });
+            }
+            part.copy_from_slice(data);
+        }
+        let got = self.comm.scope(|s| {
+            let mut reqs = Vec::with_capacity(remote.len());
+            for (i, src, part) in remote {
+                reqs.push((i, src, s.irecv_coll(part, src, tag::NEIGHBOR)?));
+            }
+            for (&(dst, _), buf) in self.outs.iter().zip(sends) {
+                if dst != me {
+                    let _ = s.isend_coll(*buf, dst, tag::NEIGHBOR)?;
+                }
+            }
+            reqs.into_iter().map(|(i, src, r)| Ok((i, src, s.wait(r)?.count))).collect::<Result<Vec<_>>>()
+        })?;
+        for (i, src, count) in got {
+            if count != expected[i] {
+                return Err(Error::InvalidGraph {
+                    op,
+                    detail: format!("in-edge {i} (from rank {src}) delivered {count} elements but {} were expected", expected[i]),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// `send` along every out-edge; in-edge i's copy lands in block i of `recv`
+    /// (`recv` holds indegree blocks of `send.len()` elements).
+    pub fn neighbor_allgather<T: Pod>(&self, send: &[T], recv: &mut [T]) -> Result<()> {
+        const OP: &str = "neighbor_allgather";
+        let (indeg, outdeg, _) = self.neighbors_count();
+        if recv.len() != indeg * send.len() {
+            return Err(Error::InvalidGraph {
+                op: OP,
+                detail: format!("receive buffer of {} elements for {indeg} in-edges of {} elements", recv.len(), send.len()),
+            });
+        }
+        let m = send.len();
+        let recvs: Vec<&mut [T]> = if m == 0 { (0..indeg).map(|_| <&mut [T]>::default()).collect() } else { recv.chunks_mut(m).collect() };
+        self.exchange(OP, &vec![send; outdeg], recvs)
+    }
+
+    /// Like [`DistGraphComm::neighbor_allgather`] with per-in-edge counts and
+    /// displacements (in elements) in `recv`.
+    pub fn neighbor_allgatherv<T: Pod>(&self, send: &[T], recv: &mut [T], rcounts: &[usize], rdispls: &[usize]) -> Result<()> {
+        const OP: &str = "neighbor_allgatherv";
+        let (indeg, outdeg, _) = self.neighbors_count();
+        let parts = pairs(OP, rcounts, rdispls, indeg, "in")?;
+        let recvs = split_disjoint(OP, recv, &parts, "in-edge")?;
+        self.exchange(OP, &vec![send; outdeg], recvs)
+    }
+
+    /// Block j of `send` along out-edge j, in-edge i into block i of `recv`
+    /// (equal blocks: `send` holds outdegree blocks, `recv` indegree).
+    pub fn neighbor_alltoall<T: Pod>(&self, send: &[T], recv: &mut [T]) -> Result<()> {
+        const OP: &str = "neighbor_alltoall";
+        let (indeg, outdeg, _) = self.neighbors_count();
+        let block = |len: usize, deg: usize, side: &str| -> Result<usize> {
+            if deg == 0 && len == 0 {
+                return Ok(0);
+            }
+            if deg == 0 || len % deg != 0 {
+                return Err(Error::InvalidGraph {
+                    op: OP,
+                    detail: format!("{side} buffer of {len} elements is not {deg} equal blocks ({side}degree {deg})"),
+                });
+            }
+            Ok(len / deg)
+        };
+        let sm = block(send.len(), outdeg, "out")?;
+        let rm = block(recv.len(), indeg, "in")?;
+        let sparts: Vec<(usize, usize)> = (0..outdeg).map(|j| (sm, j * sm)).collect();
+        let rparts: Vec<(usize, usize)> = (0..indeg).map(|i| (rm, i * rm)).collect();
+        let sends = send_parts(OP, send, &sparts)?;
+        let recvs = split_disjoint(OP, recv, &rparts, "in-edge")?;
+        self.exchange(OP, &sends, recvs)
+    }
+
+    /// Per-edge counts and displacements (in elements): `scounts[j]` elements
+    /// at `sdispls[j]` along out-edge j, in-edge i into `rcounts[i]` at `rdispls[i]`.
+    pub fn neighbor_alltoallv<T: Pod>(
+        &self,
+        send: &[T],
+        scounts: &[usize],
+        sdispls: &[usize],
+        recv: &mut [T],
+        rcounts: &[usize],
+        rdispls: &[usize],
+    ) -> Result<()> {
+        const OP: &str = "neighbor_alltoallv";
+        let (indeg, outdeg, _) = self.neighbors_count();
+        let sends = send_parts(OP, send, &pairs(OP, scounts, sdispls, outdeg, "out")?)?;
+        let recvs = split_disjoint(OP, recv, &pairs(OP, rcounts, rdispls, indeg, "in")?, "in-edge")?;
+        self.exchange(OP, &sends, recvs)
+    }
+
+    /// Per-edge blocks of bytes with their own element sizes (MPI's
+    /// per-neighbour datatypes, displacements in bytes).
+    pub fn neighbor_alltoallw(&self, send: &[u8], sblocks: &[Block], recv: &mut [u8], rblocks: &[Block]) -> Result<()> {
+        const OP: &str = "neighbor_alltoallw";
+        let (indeg, outdeg, _) = self.neighbors_count();
+        let bytes = |blocks: &[Block], deg: usize, side: &str| -> Result<Vec<(usize, usize)>> {
+            if blocks.len() != deg {
+                return Err(Error::InvalidGraph { op: OP, detail: format!("{} {side} blocks for {deg} {side}-edges", blocks.len()) });
+            }
+            blocks
+                .iter()
+                .enumerate()
+                .map(|(i, b)| {
+                    b.bytes().map(|n| (n, b.displ)).ok_or_else(|| Error::InvalidGraph {
+                        op: OP,
+                        detail: format!("{side}-edge {i}: {} elements of {} bytes overflow", b.count, b.elem_size),
+                    })
+                })
+                .collect()
+        };
+        let sends = send_parts(OP, send, &bytes(sblocks, outdeg, "out")?)?;
+        let recvs = split_disjoint(OP, recv, &bytes(rblocks, indeg, "in")?, "in-edge")?;
+        self.exchange(OP, &sends, recvs)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::split_disjoint;
+
+    #[test]
+    fn parts_follow_edge_order_and_overlaps_are_named() {
+        let mut buf = [0u8; 10];
+        let parts = split_disjoint("t", &mut buf, &[(2, 6), (0, 3), (3, 0)], "in-edge").unwrap();
+        assert_eq!(parts.iter().map(|p| p.len()).collect::<Vec<_>>(), [2, 0, 3]);
+        let e = split_disjoint("t", &mut buf, &[(4, 0), (2, 3)], "in-edge").unwrap_err().to_string();
+        assert!(e.contains("in-edge 1's receive region overlaps in-edge 0's"), "{e}");
+        let e = split_disjoint("t", &mut buf, &[(4, 8)], "in-edge").unwrap_err().to_string();
+        assert!(e.contains("in-edge 0: count 4 at displacement 8 exceeds the receive buffer of 10"), "{e}");
+    }
+}
