@@ -120,6 +120,22 @@ fn check_graph(g: &DistGraphComm, ins: &[Edge], outs: &[Edge], weighted: bool, c
             return Err(format!("{what}: in-edge {i} wrote past its block"));
         }
     }
+    // The same exchange as a persistent plan, twice.
+    let mut plan = g.neighbor_alltoallv_plan::<u64>(&scounts, &rcounts).map_err(e2s)?;
+    for round in 0..2u64 {
+        for (j, e) in outs.iter().enumerate() {
+            for (t, x) in plan.send_block_mut(j).map_err(e2s)?.iter_mut().enumerate() {
+                *x = payload(e.id, t) ^ round;
+            }
+        }
+        plan.run().map_err(|e| format!("{what}: plan: {e}"))?;
+        for (i, e) in ins.iter().enumerate() {
+            let got = plan.recv_block(i).map_err(e2s)?;
+            if got.len() != rcounts[i] || got.iter().enumerate().any(|(t, &x)| x != payload(e.id, t) ^ round) {
+                return Err(format!("{what}: plan round {round}: in-edge {i} got {got:?}"));
+            }
+        }
+    }
     Ok(())
 }
 
@@ -220,6 +236,7 @@ pub fn example_7_4(w: &Comm) -> R {
     if got != want {
         return Err(format!("neighbor_alltoall: {got:?}, expected {want:?}"));
     }
+    nonblocking_and_persistent(&g, &ins, &outs)?;
     // alltoallw: u16 on even out-edges, u64 on odd ones (receivers know by the edge id).
     let elem = |id: u32| if id % 2 == 0 { 2usize } else { 8 };
     let mut send = Vec::new();
@@ -413,4 +430,58 @@ pub fn bad_graphs(w: &Comm) -> R {
     // Nobody was left behind: the communicators still work.
     w.barrier().map_err(e2s)?;
     g.barrier().map_err(e2s)
+}
+
+/// Two non-blocking neighbourhood collectives overlapped in one scope, and a
+/// persistent plan run many times (with its misuse errors).
+fn nonblocking_and_persistent(g: &DistGraphComm, ins: &[Edge], outs: &[Edge]) -> R {
+    let me = g.rank();
+    let send: Vec<u32> = outs.iter().flat_map(|e| [e.id, me]).collect();
+    let mut a2a = vec![0u32; 2 * ins.len()];
+    let mut gathered = vec![0u32; ins.len()];
+    g.scope(|s| {
+        let a = g.ineighbor_alltoall(s, &send, &mut a2a)?;
+        let b = g.ineighbor_allgather(s, std::slice::from_ref(&me), &mut gathered)?;
+        b.wait(s)?;
+        a.wait(s)
+    })
+    .map_err(e2s)?;
+    let want: Vec<u32> = ins.iter().flat_map(|e| [e.id, e.s]).collect();
+    let want_g: Vec<u32> = ins.iter().map(|e| e.s).collect();
+    if a2a != want || gathered != want_g {
+        return Err(format!("overlapped ineighbor_alltoall/allgather: {a2a:?} {gathered:?}, expected {want:?} {want_g:?}"));
+    }
+    let count = |id: u32| 1 + (id as usize * 7) % 5;
+    let sc: Vec<usize> = outs.iter().map(|e| count(e.id)).collect();
+    let rc: Vec<usize> = ins.iter().map(|e| count(e.id)).collect();
+    let mut plan = g.neighbor_alltoallv_plan::<u64>(&sc, &rc).map_err(e2s)?;
+    if plan.wait().is_ok() {
+        return Err("wait() without start() was accepted".into());
+    }
+    let iters = 200u64;
+    for it in 0..iters {
+        for (j, e) in outs.iter().enumerate() {
+            for (t, x) in plan.send_block_mut(j).map_err(e2s)?.iter_mut().enumerate() {
+                *x = payload(e.id, t) + it * 1_000_000;
+            }
+        }
+        plan.start().map_err(e2s)?;
+        match plan.recv() {
+            Err(e) if e.to_string().contains("in flight") => {}
+            other => return Err(format!("recv() while in flight gave {other:?}")),
+        }
+        if plan.start().is_ok() {
+            return Err("a second start() before wait() was accepted".into());
+        }
+        plan.wait().map_err(e2s)?;
+        for (i, e) in ins.iter().enumerate() {
+            let got = plan.recv_block(i).map_err(e2s)?;
+            for (t, &x) in got.iter().enumerate() {
+                if x != payload(e.id, t) + it * 1_000_000 {
+                    return Err(format!("plan iteration {it}: in-edge {i} element {t} is {x}"));
+                }
+            }
+        }
+    }
+    Ok(())
 }

@@ -229,7 +229,7 @@ impl Comm {
                 _ => return Err(Error::InvalidGraph { op: GENERAL, detail: "a routed edge record is malformed".into() }),
             }
         }
-        ins.sort_unstable_by(|a, b| (a.0, b.1, b.2).cmp(&(b.0, a.1, a.2)));
+        ins.sort_unstable();
         outs.sort_unstable();
         Ok((ins.into_iter().map(|(s, _, _, w)| (s, w)).collect(), outs.into_iter().map(|(d, _, _, w)| (d, w)).collect()))
     }

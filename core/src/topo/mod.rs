@@ -16,9 +16,11 @@
 mod create;
 mod info;
 mod neighbor;
+mod plan;
 
 pub use info::Info;
-pub use neighbor::Block;
+pub use neighbor::{Block, NeighborRequest};
+pub use plan::NeighborPlan;
 
 use crate::comm::Comm;
 

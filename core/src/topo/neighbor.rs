@@ -11,6 +11,7 @@ use bytemuck::Pod;
 use super::DistGraphComm;
 use crate::coll::util::tag;
 use crate::error::{Error, Result};
+use crate::scope::{Request, Scope};
 
 /// One neighbour's block of [`DistGraphComm::neighbor_alltoallw`]: `count`
 /// elements of `elem_size` bytes at byte offset `displ` (the element type may
@@ -90,13 +91,61 @@ fn pairs(op: &'static str, counts: &[usize], displs: &[usize], degree: usize, si
     Ok(counts.iter().copied().zip(displs.iter().copied()).collect())
 }
 
+/// A non-blocking neighbourhood collective in flight in a [`Scope`]; the
+/// scope completes it if it is never waited for.
+#[must_use = "a neighbourhood collective completes at wait or at the end of its scope"]
+pub struct NeighborRequest<'s> {
+    op: &'static str,
+    recvs: Vec<(usize, u32, usize, Request<'s>)>,
+    sends: Vec<Request<'s>>,
+}
+
+impl<'s> NeighborRequest<'s> {
+    /// Waits for every block, checking that each in-edge delivered exactly its block.
+    pub fn wait(self, s: &Scope<'s, '_>) -> Result<()> {
+        let op = self.op;
+        let mut first_err = None;
+        for (i, src, expected, r) in self.recvs {
+            match s.wait(r) {
+                Ok(st) if st.count == expected => {}
+                Ok(st) => {
+                    first_err.get_or_insert(Error::InvalidGraph {
+                        op,
+                        detail: format!("in-edge {i} (from rank {src}) delivered {} elements but {expected} were expected", st.count),
+                    });
+                }
+                Err(e) => {
+                    first_err.get_or_insert(e);
+                }
+            }
+        }
+        for r in self.sends {
+            if let Err(e) = s.wait(r) {
+                first_err.get_or_insert(e);
+            }
+        }
+        first_err.map_or(Ok(()), Err)
+    }
+}
+
 impl DistGraphComm {
-    /// Sends `sends[j]` along out-edge j, receives in-edge i into `recvs[i]`,
-    /// and checks that every in-edge delivered exactly its block.
-    fn exchange<T: Pod>(&self, op: &'static str, sends: &[&[T]], recvs: Vec<&mut [T]>) -> Result<()> {
+    /// Starts sending `sends[j]` along out-edge j and receiving in-edge i
+    /// into `recvs[i]` (all receives posted first), in scope `s`.
+    fn start_exchange<'s, 'env, T: Pod>(
+        &self,
+        s: &Scope<'s, 'env>,
+        op: &'static str,
+        sends: &[&'env [T]],
+        recvs: Vec<&'env mut [T]>,
+    ) -> Result<NeighborRequest<'s>> {
         self.comm.sh.check_live(op)?;
+        if s.comm().ctx != self.comm.ctx {
+            return Err(Error::InvalidGraph {
+                op,
+                detail: "the scope belongs to another communicator: use the graph communicator's scope".into(),
+            });
+        }
         let me = self.comm.rank();
-        let expected: Vec<usize> = recvs.iter().map(|r| r.len()).collect();
         // Self-loops: the k-th out-edge to me feeds the k-th in-edge from me.
         let mut self_sends = self.outs.iter().zip(sends).filter(|(e, _)| e.0 == me).map(|(_, s)| *s);
         let mut remote = Vec::with_capacity(recvs.len());
@@ -116,32 +165,32 @@ impl DistGraphComm {
             }
             part.copy_from_slice(data);
         }
-        let got = self.comm.scope(|s| {
-            let mut reqs = Vec::with_capacity(remote.len());
-            for (i, src, part) in remote {
-                reqs.push((i, src, s.irecv_coll(part, src, tag::NEIGHBOR)?));
-            }
-            for (&(dst, _), buf) in self.outs.iter().zip(sends) {
-                if dst != me {
-                    let _ = s.isend_coll(*buf, dst, tag::NEIGHBOR)?;
-                }
-            }
-            reqs.into_iter().map(|(i, src, r)| Ok((i, src, s.wait(r)?.count))).collect::<Result<Vec<_>>>()
-        })?;
-        for (i, src, count) in got {
-            if count != expected[i] {
-                return Err(Error::InvalidGraph {
-                    op,
-                    detail: format!("in-edge {i} (from rank {src}) delivered {count} elements but {} were expected", expected[i]),
-                });
+        let mut req = NeighborRequest { op, recvs: Vec::with_capacity(remote.len()), sends: Vec::with_capacity(sends.len()) };
+        for (i, src, part) in remote {
+            let expected = part.len();
+            req.recvs.push((i, src, expected, s.irecv_coll(part, src, tag::NEIGHBOR)?));
+        }
+        for (&(dst, _), buf) in self.outs.iter().zip(sends) {
+            if dst != me {
+                req.sends.push(s.isend_coll(*buf, dst, tag::NEIGHBOR)?);
             }
         }
-        Ok(())
+        Ok(req)
     }
 
     /// `send` along every out-edge; in-edge i's copy lands in block i of `recv`
     /// (`recv` holds indegree blocks of `send.len()` elements).
     pub fn neighbor_allgather<T: Pod>(&self, send: &[T], recv: &mut [T]) -> Result<()> {
+        self.comm.scope(|s| self.ineighbor_allgather(s, send, recv)?.wait(s))
+    }
+
+    /// Non-blocking [`DistGraphComm::neighbor_allgather`] in the graph communicator's scope.
+    pub fn ineighbor_allgather<'s, 'env, T: Pod>(
+        &self,
+        s: &Scope<'s, 'env>,
+        send: &'env [T],
+        recv: &'env mut [T],
+    ) -> Result<NeighborRequest<'s>> {
         const OP: &str = "neighbor_allgather";
         let (indeg, outdeg, _) = self.neighbors_count();
         if recv.len() != indeg * send.len() {
@@ -152,22 +201,44 @@ impl DistGraphComm {
         }
         let m = send.len();
         let recvs: Vec<&mut [T]> = if m == 0 { (0..indeg).map(|_| <&mut [T]>::default()).collect() } else { recv.chunks_mut(m).collect() };
-        self.exchange(OP, &vec![send; outdeg], recvs)
+        self.start_exchange(s, OP, &vec![send; outdeg], recvs)
     }
 
     /// Like [`DistGraphComm::neighbor_allgather`] with per-in-edge counts and
     /// displacements (in elements) in `recv`.
     pub fn neighbor_allgatherv<T: Pod>(&self, send: &[T], recv: &mut [T], rcounts: &[usize], rdispls: &[usize]) -> Result<()> {
+        self.comm.scope(|s| self.ineighbor_allgatherv(s, send, recv, rcounts, rdispls)?.wait(s))
+    }
+
+    /// Non-blocking [`DistGraphComm::neighbor_allgatherv`].
+    pub fn ineighbor_allgatherv<'s, 'env, T: Pod>(
+        &self,
+        s: &Scope<'s, 'env>,
+        send: &'env [T],
+        recv: &'env mut [T],
+        rcounts: &[usize],
+        rdispls: &[usize],
+    ) -> Result<NeighborRequest<'s>> {
         const OP: &str = "neighbor_allgatherv";
         let (indeg, outdeg, _) = self.neighbors_count();
         let parts = pairs(OP, rcounts, rdispls, indeg, "in")?;
         let recvs = split_disjoint(OP, recv, &parts, "in-edge")?;
-        self.exchange(OP, &vec![send; outdeg], recvs)
+        self.start_exchange(s, OP, &vec![send; outdeg], recvs)
     }
 
     /// Block j of `send` along out-edge j, in-edge i into block i of `recv`
     /// (equal blocks: `send` holds outdegree blocks, `recv` indegree).
     pub fn neighbor_alltoall<T: Pod>(&self, send: &[T], recv: &mut [T]) -> Result<()> {
+        self.comm.scope(|s| self.ineighbor_alltoall(s, send, recv)?.wait(s))
+    }
+
+    /// Non-blocking [`DistGraphComm::neighbor_alltoall`].
+    pub fn ineighbor_alltoall<'s, 'env, T: Pod>(
+        &self,
+        s: &Scope<'s, 'env>,
+        send: &'env [T],
+        recv: &'env mut [T],
+    ) -> Result<NeighborRequest<'s>> {
         const OP: &str = "neighbor_alltoall";
         let (indeg, outdeg, _) = self.neighbors_count();
         let block = |len: usize, deg: usize, side: &str| -> Result<usize> {
@@ -188,7 +259,7 @@ impl DistGraphComm {
         let rparts: Vec<(usize, usize)> = (0..indeg).map(|i| (rm, i * rm)).collect();
         let sends = send_parts(OP, send, &sparts)?;
         let recvs = split_disjoint(OP, recv, &rparts, "in-edge")?;
-        self.exchange(OP, &sends, recvs)
+        self.start_exchange(s, OP, &sends, recvs)
     }
 
     /// Per-edge counts and displacements (in elements): `scounts[j]` elements
@@ -202,16 +273,43 @@ impl DistGraphComm {
         rcounts: &[usize],
         rdispls: &[usize],
     ) -> Result<()> {
+        self.comm.scope(|s| self.ineighbor_alltoallv(s, send, scounts, sdispls, recv, rcounts, rdispls)?.wait(s))
+    }
+
+    /// Non-blocking [`DistGraphComm::neighbor_alltoallv`].
+    #[allow(clippy::too_many_arguments)]
+    pub fn ineighbor_alltoallv<'s, 'env, T: Pod>(
+        &self,
+        s: &Scope<'s, 'env>,
+        send: &'env [T],
+        scounts: &[usize],
+        sdispls: &[usize],
+        recv: &'env mut [T],
+        rcounts: &[usize],
+        rdispls: &[usize],
+    ) -> Result<NeighborRequest<'s>> {
         const OP: &str = "neighbor_alltoallv";
         let (indeg, outdeg, _) = self.neighbors_count();
         let sends = send_parts(OP, send, &pairs(OP, scounts, sdispls, outdeg, "out")?)?;
         let recvs = split_disjoint(OP, recv, &pairs(OP, rcounts, rdispls, indeg, "in")?, "in-edge")?;
-        self.exchange(OP, &sends, recvs)
+        self.start_exchange(s, OP, &sends, recvs)
     }
 
     /// Per-edge blocks of bytes with their own element sizes (MPI's
     /// per-neighbour datatypes, displacements in bytes).
     pub fn neighbor_alltoallw(&self, send: &[u8], sblocks: &[Block], recv: &mut [u8], rblocks: &[Block]) -> Result<()> {
+        self.comm.scope(|s| self.ineighbor_alltoallw(s, send, sblocks, recv, rblocks)?.wait(s))
+    }
+
+    /// Non-blocking [`DistGraphComm::neighbor_alltoallw`].
+    pub fn ineighbor_alltoallw<'s, 'env>(
+        &self,
+        s: &Scope<'s, 'env>,
+        send: &'env [u8],
+        sblocks: &[Block],
+        recv: &'env mut [u8],
+        rblocks: &[Block],
+    ) -> Result<NeighborRequest<'s>> {
         const OP: &str = "neighbor_alltoallw";
         let (indeg, outdeg, _) = self.neighbors_count();
         let bytes = |blocks: &[Block], deg: usize, side: &str| -> Result<Vec<(usize, usize)>> {
@@ -231,7 +329,7 @@ impl DistGraphComm {
         };
         let sends = send_parts(OP, send, &bytes(sblocks, outdeg, "out")?)?;
         let recvs = split_disjoint(OP, recv, &bytes(rblocks, indeg, "in")?, "in-edge")?;
-        self.exchange(OP, &sends, recvs)
+        self.start_exchange(s, OP, &sends, recvs)
     }
 }
 

@@ -28,6 +28,8 @@ struct Slot {
     live: bool,
     generation: u32,
     epoch: u32,
+    /// Lent by its owner ([`LendTable::lend_owned`]): no scope retires it.
+    owned: bool,
 }
 
 /// The table of lent buffers. Lives beside the engine that uses it.
@@ -59,10 +61,11 @@ impl LendTable {
             s.writable = writable;
             s.live = true;
             s.epoch = epoch;
+            s.owned = false;
             Lent { idx, generation: s.generation }
         } else {
             let idx = self.slots.len() as u32;
-            self.slots.push(Slot { ptr, len, writable, live: true, generation: 0, epoch });
+            self.slots.push(Slot { ptr, len, writable, live: true, generation: 0, epoch, owned: false });
             Lent { idx, generation: 0 }
         }
     }
@@ -98,9 +101,33 @@ impl LendTable {
         Some(unsafe { std::slice::from_raw_parts_mut(s.ptr, s.len) })
     }
 
+    /// Lends memory its caller owns (a persistent operation's buffers) until
+    /// [`LendTable::retire`]; scopes never retire it.
+    ///
+    /// # Safety
+    /// `ptr..ptr + len` must stay allocated, and must not be read or written
+    /// other than through this table (writable) or written at all (read-only),
+    /// until `retire` is called with the returned handle.
+    pub unsafe fn lend_owned(&mut self, ptr: *mut u8, len: usize, writable: bool) -> Lent {
+        let l = self.insert(ptr, len, writable, 0);
+        self.slots[l.idx as usize].owned = true;
+        l
+    }
+
+    /// Ends a [`LendTable::lend_owned`] loan (a no-op for a stale handle).
+    pub fn retire(&mut self, l: Lent) {
+        let Some(s) = self.slots.get_mut(l.idx as usize).filter(|s| s.live && s.owned && s.generation == l.generation) else {
+            return;
+        };
+        s.live = false;
+        s.generation = s.generation.wrapping_add(1);
+        s.ptr = std::ptr::null_mut();
+        self.free.push(l.idx);
+    }
+
     fn retire_epoch(&mut self, epoch: u32) {
         for (i, s) in self.slots.iter_mut().enumerate() {
-            if s.live && s.epoch == epoch {
+            if s.live && !s.owned && s.epoch == epoch {
                 s.live = false;
                 s.generation = s.generation.wrapping_add(1);
                 s.ptr = std::ptr::null_mut();
@@ -219,5 +246,21 @@ mod tests {
         }));
         assert!(r.is_err());
         assert!(table.borrow().get(kept.unwrap()).is_none());
+    }
+
+    #[test]
+    fn owned_loans_outlive_scopes_until_retired() {
+        let table = RefCell::new(LendTable::new());
+        let mut owned = vec![5u8; 3];
+        // SAFETY: `owned` is not touched until the handle is retired below.
+        let l = unsafe { table.borrow_mut().lend_owned(owned.as_mut_ptr(), owned.len(), true) };
+        lend_scope(&table, |s| {
+            let _ = s.lend(&[1u8]);
+        });
+        table.borrow_mut().get_mut(l).unwrap()[1] = 9;
+        table.borrow_mut().retire(l);
+        assert!(table.borrow().get(l).is_none());
+        assert_eq!(table.borrow().live(), 0);
+        assert_eq!(owned, [5, 9, 5]);
     }
 }

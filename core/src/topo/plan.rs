@@ -1,0 +1,298 @@
+//! Persistent neighbourhood exchanges (MPI-4's `MPI_Neighbor_alltoallv_init`):
+//! a plan built once owns registered send and receive buffers (one block per
+//! edge, packed in neighbour order) and the resolved peers; each `start`
+//! posts every receive and send straight from those buffers, `wait`
+//! completes them. The plan allocates nothing per start: its request and
+//! loan lists keep their capacity (the engine may still copy a message that
+//! arrives before its receive is posted, as for any receive).
+
+use bytemuck::Pod;
+use fmx_transport::lend::Lent;
+
+use super::create::prefix;
+use super::DistGraphComm;
+use crate::coll::util::tag;
+use crate::engine::{ReqId, WaitsOn};
+use crate::error::{Error, Result};
+use crate::registered::Registered;
+
+/// One edge of a plan: peer (communicator and world rank), block in elements.
+#[derive(Clone, Copy, Debug)]
+struct Edge {
+    rank: u32,
+    world: u32,
+    count: usize,
+    displ: usize,
+}
+
+/// A persistent `neighbor_alltoallv`; see [`DistGraphComm::neighbor_alltoallv_plan`].
+pub struct NeighborPlan<'g, T: Pod> {
+    graph: &'g DistGraphComm,
+    ins: Vec<Edge>,
+    outs: Vec<Edge>,
+    /// (out-edge, in-edge) pairs of self-loops, copied locally at start.
+    self_loops: Vec<(usize, usize)>,
+    /// `Some` until dropped (or leaked when the plan cannot be withdrawn).
+    send: Option<Registered<T>>,
+    recv: Option<Registered<T>>,
+    /// In flight: (in-edge index, or `usize::MAX` for a send; request).
+    pending: Vec<(usize, ReqId)>,
+    lent: Vec<Lent>,
+    in_flight: bool,
+}
+
+impl DistGraphComm {
+    /// A persistent `neighbor_alltoallv` with `scounts[j]` elements along
+    /// out-edge j and `rcounts[i]` from in-edge i, blocks packed in edge
+    /// order in the plan's registered buffers. Not collective: every rank
+    /// builds its own plan, and all start them in the same order.
+    pub fn neighbor_alltoallv_plan<T: Pod>(&self, scounts: &[usize], rcounts: &[usize]) -> Result<NeighborPlan<'_, T>> {
+        const OP: &str = "neighbor_alltoallv_plan";
+        self.comm.sh.check_live(OP)?;
+        let (indeg, outdeg, _) = self.neighbors_count();
+        if scounts.len() != outdeg || rcounts.len() != indeg {
+            return Err(Error::InvalidGraph {
+                op: OP,
+                detail: format!(
+                    "{} send counts for {outdeg} out-edges and {} receive counts for {indeg} in-edges",
+                    scounts.len(),
+                    rcounts.len()
+                ),
+            });
+        }
+        let edges = |list: &[(u32, u32)], counts: &[usize]| -> Result<Vec<Edge>> {
+            let displs = prefix(counts);
+            list.iter()
+                .zip(counts.iter().zip(displs))
+                .map(|(&(rank, _), (&count, displ))| Ok(Edge { rank, world: self.comm.check_rank(OP, rank)?, count, displ }))
+                .collect()
+        };
+        let ins = edges(&self.ins, rcounts)?;
+        let outs = edges(&self.outs, scounts)?;
+        let me = self.comm.rank();
+        let to_me: Vec<usize> = (0..outs.len()).filter(|&j| outs[j].rank == me).collect();
+        let from_me: Vec<usize> = (0..ins.len()).filter(|&i| ins[i].rank == me).collect();
+        let self_loops: Vec<(usize, usize)> = to_me.into_iter().zip(from_me).collect();
+        for &(j, i) in &self_loops {
+            if outs[j].count != ins[i].count {
+                return Err(Error::InvalidGraph {
+                    op: OP,
+                    detail: format!("self-loop: out-edge {j} sends {} elements but in-edge {i} expects {}", outs[j].count, ins[i].count),
+                });
+            }
+        }
+        let send = Registered::new(&self.comm.sh, scounts.iter().sum())?;
+        let recv = Registered::new(&self.comm.sh, rcounts.iter().sum())?;
+        Ok(NeighborPlan {
+            graph: self,
+            pending: Vec::with_capacity(ins.len() + outs.len()),
+            lent: Vec::with_capacity(ins.len() + outs.len()),
+            ins,
+            outs,
+            self_loops,
+            send: Some(send),
+            recv: Some(recv),
+            in_flight: false,
+        })
+    }
+}
+
+impl<T: Pod> NeighborPlan<'_, T> {
+    fn send_buf(&mut self) -> &mut [T] {
+        self.send.as_deref_mut().unwrap_or_default()
+    }
+
+    fn recv_buf(&mut self) -> &mut [T] {
+        self.recv.as_deref_mut().unwrap_or_default()
+    }
+
+    fn idle(&self, what: &'static str) -> Result<()> {
+        if self.in_flight {
+            Err(Error::InvalidGraph { op: what, detail: "the plan is in flight: call wait() first".into() })
+        } else {
+            Ok(())
+        }
+    }
+
+    /// The whole send buffer (out-edge j's block at [`NeighborPlan::send_displs`]`[j]`).
+    pub fn send_mut(&mut self) -> Result<&mut [T]> {
+        self.idle("NeighborPlan::send_mut")?;
+        Ok(self.send_buf())
+    }
+
+    /// The whole receive buffer, as the last `wait` left it.
+    pub fn recv(&self) -> Result<&[T]> {
+        self.idle("NeighborPlan::recv")?;
+        Ok(self.recv.as_deref().unwrap_or_default())
+    }
+
+    /// Out-edge j's block of the send buffer.
+    pub fn send_block_mut(&mut self, j: usize) -> Result<&mut [T]> {
+        self.idle("NeighborPlan::send_block_mut")?;
+        let e = *self.outs.get(j).ok_or_else(|| Error::InvalidGraph {
+            op: "NeighborPlan::send_block_mut",
+            detail: format!("out-edge {j} of {}", self.outs.len()),
+        })?;
+        Ok(&mut self.send_buf()[e.displ..e.displ + e.count])
+    }
+
+    /// In-edge i's block of the receive buffer.
+    pub fn recv_block(&self, i: usize) -> Result<&[T]> {
+        self.idle("NeighborPlan::recv_block")?;
+        let e = *self
+            .ins
+            .get(i)
+            .ok_or_else(|| Error::InvalidGraph { op: "NeighborPlan::recv_block", detail: format!("in-edge {i} of {}", self.ins.len()) })?;
+        Ok(&self.recv.as_deref().unwrap_or_default()[e.displ..e.displ + e.count])
+    }
+
+    /// Where each out-edge's block starts in the send buffer (elements).
+    pub fn send_displs(&self) -> impl Iterator<Item = usize> + '_ {
+        self.outs.iter().map(|e| e.displ)
+    }
+
+    /// Where each in-edge's block starts in the receive buffer (elements).
+    pub fn recv_displs(&self) -> impl Iterator<Item = usize> + '_ {
+        self.ins.iter().map(|e| e.displ)
+    }
+
+    /// Posts every receive and send of one exchange.
+    pub fn start(&mut self) -> Result<()> {
+        const OP: &str = "NeighborPlan::start";
+        self.idle(OP)?;
+        let comm = &self.graph.comm;
+        comm.sh.check_live(OP)?;
+        for k in 0..self.self_loops.len() {
+            let (j, i) = self.self_loops[k];
+            let (o, n) = (self.outs[j], self.ins[i]);
+            let (Some(send), Some(recv)) = (self.send.as_deref(), self.recv.as_deref_mut()) else { break };
+            recv[n.displ..n.displ + n.count].copy_from_slice(&send[o.displ..o.displ + o.count]);
+        }
+        let elem = std::mem::size_of::<T>();
+        // Every loan derives from one base pointer per buffer, taken once.
+        let rbase: *mut u8 = self.recv_buf().as_mut_ptr().cast();
+        let sbase: *mut u8 = self.send_buf().as_mut_ptr().cast();
+        let (ctx, me) = (comm.coll_ctx(), comm.rank());
+        self.in_flight = true;
+        let mut e = comm.sh.engine.borrow_mut();
+        let mut lend = comm.sh.lend.borrow_mut();
+        let mut started = Ok(());
+        for (i, edge) in self.ins.iter().enumerate().filter(|(_, x)| x.rank != me) {
+            #[allow(unsafe_code)]
+            // SAFETY: the block lies inside the receive buffer (displacements are
+            // prefix sums of the counts it was sized by); the buffer is owned by the
+            // plan, stays mapped until the plan drops, and is not touched through a
+            // reference while the plan is in flight (every accessor checks `idle`);
+            // the loan is retired in `wait`, on failure, or in `Drop`.
+            let l = unsafe { lend.lend_owned(rbase.wrapping_add(edge.displ * elem), edge.count * elem, true) };
+            self.lent.push(l);
+            match e.start_recv(&mut lend, ctx, Some(edge.world), Some(tag::NEIGHBOR + 1), l, WaitsOn::Peer(edge.world)) {
+                Ok(id) => self.pending.push((i, id)),
+                Err(err) => {
+                    started = Err(comm.localize(err));
+                    break;
+                }
+            }
+        }
+        if started.is_ok() {
+            for edge in self.outs.iter().filter(|x| x.rank != me) {
+                #[allow(unsafe_code)]
+                // SAFETY: as for the receive blocks; the send buffer is only read
+                // through the loan while in flight (accessors check `idle`).
+                let l = unsafe { lend.lend_owned(sbase.wrapping_add(edge.displ * elem), edge.count * elem, false) };
+                self.lent.push(l);
+                match e.start_send(&lend, ctx, tag::NEIGHBOR + 1, edge.world, l) {
+                    Ok(id) => self.pending.push((usize::MAX, id)),
+                    Err(err) => {
+                        started = Err(comm.localize(err));
+                        break;
+                    }
+                }
+            }
+        }
+        if started.is_err() {
+            for (_, id) in self.pending.drain(..) {
+                e.discard(id);
+            }
+            for l in self.lent.drain(..) {
+                lend.retire(l);
+            }
+            self.in_flight = false;
+        }
+        started
+    }
+
+    /// Completes the exchange started last; each in-edge must deliver exactly its block.
+    pub fn wait(&mut self) -> Result<()> {
+        const OP: &str = "NeighborPlan::wait";
+        if !self.in_flight {
+            return Err(Error::InvalidGraph { op: OP, detail: "wait() without a start()".into() });
+        }
+        let comm = &self.graph.comm;
+        let elem = std::mem::size_of::<T>().max(1) as u64;
+        let mut e = comm.sh.engine.borrow_mut();
+        let mut lend = comm.sh.lend.borrow_mut();
+        let mut first_err = None;
+        for (i, id) in self.pending.drain(..) {
+            if first_err.is_some() {
+                e.discard(id);
+                continue;
+            }
+            if let Err(err) = e.wait(&mut lend, id) {
+                e.discard(id);
+                first_err = Some(comm.localize(err));
+                continue;
+            }
+            match e.take(id) {
+                Some(Ok(raw)) if i != usize::MAX && raw.sent != raw.capacity => {
+                    let edge = self.ins[i];
+                    first_err = Some(Error::InvalidGraph {
+                        op: OP,
+                        detail: format!(
+                            "in-edge {i} (from rank {}) delivered {} elements but {} were expected",
+                            edge.rank,
+                            raw.sent / elem,
+                            edge.count
+                        ),
+                    });
+                }
+                Some(Ok(_)) => {}
+                Some(Err(err)) => first_err = Some(comm.localize(err)),
+                None => first_err = Some(Error::StaleRequest(id.index())),
+            }
+        }
+        for l in self.lent.drain(..) {
+            lend.retire(l);
+        }
+        self.in_flight = false;
+        first_err.map_or(Ok(()), Err)
+    }
+
+    /// `start` then `wait`.
+    pub fn run(&mut self) -> Result<()> {
+        self.start()?;
+        self.wait()
+    }
+}
+
+impl<T: Pod> Drop for NeighborPlan<'_, T> {
+    fn drop(&mut self) {
+        let sh = &self.graph.comm.sh;
+        if self.in_flight {
+            let (Ok(mut e), Ok(mut lend)) = (sh.engine.try_borrow_mut(), sh.lend.try_borrow_mut()) else {
+                // Cannot withdraw the operations (dropped inside a handler): the
+                // buffers stay mapped, leaked, so nothing can write freed memory.
+                std::mem::forget(self.send.take());
+                std::mem::forget(self.recv.take());
+                return;
+            };
+            for (_, id) in self.pending.drain(..) {
+                e.discard(id);
+            }
+            for l in self.lent.drain(..) {
+                lend.retire(l);
+            }
+        }
+        // No loan refers to the buffers any more: the fields drop (unmap) as usual.
+    }
+}
