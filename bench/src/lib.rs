@@ -4,6 +4,8 @@
 //! MPI peers.
 
 pub mod compare;
+pub mod neighbor;
+pub mod neighbor_compare;
 pub mod osu;
 pub mod params;
 pub mod report;

@@ -6,11 +6,13 @@
 use std::process::ExitCode;
 
 use fmx_bench::params::{Params, Test};
-use fmx_bench::{compare, osu, report};
+use fmx_bench::{compare, neighbor, neighbor_compare, osu, report};
 
 const USAGE: &str = "usage:
   fmx-perf latency|bw|bibw [--min-size B] [--max-size B] [--iters N] [--warmup N] [--window N] [--json] [--plain] [--transport NAME]
-  fmx-perf compare [--sizes 8,1048576,4194304] [--update-readme FILE] [--no-peers]";
+  fmx-perf compare [--sizes 8,1048576,4194304] [--update-readme FILE] [--no-peers]
+  fmx-perf neighbor [--np N] [--ks 1,64,4096,65536]        (alone: N local ranks, default 2; or under fmxrun/mpiexec/srun)
+  fmx-perf neighbor-compare [--ranks 2,4] [--ks ...] [--update-readme FILE]";
 
 fn size_arg(v: Option<String>, what: &str) -> Result<usize, String> {
     let v = v.ok_or_else(|| format!("{what} needs a value"))?;
@@ -81,6 +83,38 @@ fn run_rank(p: &Params) -> Result<(), String> {
     fmx.finalize().map_err(|e| e.to_string())
 }
 
+/// `fmx-perf neighbor`: under a launcher, measure; alone, start `--np` local ranks.
+fn neighbor_main(args: &[String]) -> Result<(), String> {
+    let mut np = 2u32;
+    let mut ks: Vec<usize> = neighbor::KS.to_vec();
+    let mut it = args[1..].iter();
+    while let Some(a) = it.next() {
+        match a.as_str() {
+            "--np" => np = it.next().and_then(|v| v.parse().ok()).filter(|&n| n >= 1).ok_or("--np needs a rank count")?,
+            "--ks" => {
+                let v = it.next().ok_or("--ks needs a list")?;
+                ks = v.split(',').map(|s| s.trim().parse().map_err(|_| format!("--ks: bad value {s:?}"))).collect::<Result<_, _>>()?;
+            }
+            other => return Err(format!("unknown option {other}\n{USAGE}")),
+        }
+    }
+    let launched = ["FMX_RANK", "PMI_FD"].iter().any(|v| std::env::var_os(v).is_some());
+    if !launched {
+        let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+        let mut l = fmx::launcher::Launch::new(np, exe);
+        l.args = args.iter().map(Into::into).collect();
+        let o = l.run().map_err(|e| e.to_string())?;
+        return if o.code == 0 { Ok(()) } else { Err(format!("the benchmark ranks failed (exit code {})", o.code)) };
+    }
+    let fmx = fmx::init().map_err(|e| e.to_string())?;
+    pin(fmx.world().rank());
+    let rows = neighbor::run(&fmx, &ks).map_err(|e| e.to_string())?;
+    if fmx.world().rank() == 0 {
+        print!("{}", neighbor::render(&rows, fmx.world().size(), fmx.world().transport_name()));
+    }
+    fmx.finalize().map_err(|e| e.to_string())
+}
+
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     if args.first().map(String::as_str) == Some("compare") {
@@ -88,6 +122,24 @@ fn main() -> ExitCode {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
                 eprintln!("fmx-perf compare: {e}");
+                ExitCode::FAILURE
+            }
+        };
+    }
+    if args.first().map(String::as_str) == Some("neighbor-compare") {
+        return match neighbor_compare::main(&args[1..]) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("fmx-perf neighbor-compare: {e}");
+                ExitCode::FAILURE
+            }
+        };
+    }
+    if args.first().map(String::as_str) == Some("neighbor") {
+        return match neighbor_main(&args) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("fmx-perf neighbor: {e}");
                 ExitCode::FAILURE
             }
         };

@@ -75,8 +75,11 @@ impl Comm {
         if check {
             self.check_both_ends(&ins, &outs, weighted)?;
         }
+        let mine = [u32::from(super::grouped_by_peer(&ins) && super::grouped_by_peer(&outs))];
+        let mut all = [0u32];
+        self.allreduce(&mine, &mut all, Op::Min)?;
         let _ = reorder;
-        Ok(DistGraphComm { comm: self.dup()?, ins, outs, weighted })
+        Ok(DistGraphComm { comm: self.dup()?, ins, outs, weighted, grouped: all[0] == 1 })
     }
 
     /// A graph communicator from edges any process may give for any source
@@ -129,7 +132,8 @@ impl Comm {
         let (edges, weighted) = local?;
         let (ins, outs) = self.route_edges(&edges)?;
         let _ = reorder;
-        Ok(DistGraphComm { comm: self.dup()?, ins, outs, weighted })
+        // Edges come sorted by peer: each peer's are adjacent on every rank.
+        Ok(DistGraphComm { comm: self.dup()?, ins, outs, weighted, grouped: true })
     }
 
     /// One allgather of (flags, info digest): every rank learns whether any

@@ -68,6 +68,22 @@ pub struct DistGraphComm {
     /// Out-edges (destination, weight), in neighbour-collective order.
     outs: Vec<(u32, u32)>,
     weighted: bool,
+    /// On every rank, each peer's edges are adjacent in both lists, so the
+    /// blocks between two processes can travel as one message.
+    grouped: bool,
+}
+
+/// Whether each peer's edges form one run in `edges`.
+pub(crate) fn grouped_by_peer(edges: &[(u32, u32)]) -> bool {
+    let mut seen = std::collections::HashSet::new();
+    let mut prev = None;
+    for &(peer, _) in edges {
+        if prev != Some(peer) && !seen.insert(peer) {
+            return false;
+        }
+        prev = Some(peer);
+    }
+    true
 }
 
 impl std::ops::Deref for DistGraphComm {

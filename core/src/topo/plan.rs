@@ -2,7 +2,9 @@
 //! a plan built once owns registered send and receive buffers (one block per
 //! edge, packed in neighbour order) and the resolved peers; each `start`
 //! posts every receive and send straight from those buffers, `wait`
-//! completes them. The plan allocates nothing per start: its request and
+//! completes them. When every rank lists each peer's edges together (always
+//! for `dist_graph_create`), all blocks between two processes travel as one
+//! message: a 2-rank torus of degree 8 sends one message, not six. The plan allocates nothing per start: its request and
 //! loan lists keep their capacity (the engine may still copy a message that
 //! arrives before its receive is posted, as for any receive).
 
@@ -25,6 +27,32 @@ struct Edge {
     displ: usize,
 }
 
+/// One message of a plan: consecutive edges to (or from) one peer.
+#[derive(Clone, Copy, Debug)]
+struct Msg {
+    rank: u32,
+    world: u32,
+    displ: usize,
+    count: usize,
+    first_edge: usize,
+    edges: usize,
+}
+
+/// Groups the non-self edges into messages (one per edge unless `grouped`).
+fn messages(edges: &[Edge], me: u32, grouped: bool) -> Vec<Msg> {
+    let mut out: Vec<Msg> = Vec::new();
+    for (i, e) in edges.iter().enumerate().filter(|(_, e)| e.rank != me) {
+        match out.last_mut() {
+            Some(m) if grouped && m.rank == e.rank && m.displ + m.count == e.displ => {
+                m.count += e.count;
+                m.edges += 1;
+            }
+            _ => out.push(Msg { rank: e.rank, world: e.world, displ: e.displ, count: e.count, first_edge: i, edges: 1 }),
+        }
+    }
+    out
+}
+
 /// A persistent `neighbor_alltoallv`; see [`DistGraphComm::neighbor_alltoallv_plan`].
 pub struct NeighborPlan<'g, T: Pod> {
     graph: &'g DistGraphComm,
@@ -32,10 +60,12 @@ pub struct NeighborPlan<'g, T: Pod> {
     outs: Vec<Edge>,
     /// (out-edge, in-edge) pairs of self-loops, copied locally at start.
     self_loops: Vec<(usize, usize)>,
+    recv_msgs: Vec<Msg>,
+    send_msgs: Vec<Msg>,
     /// `Some` until dropped (or leaked when the plan cannot be withdrawn).
     send: Option<Registered<T>>,
     recv: Option<Registered<T>>,
-    /// In flight: (in-edge index, or `usize::MAX` for a send; request).
+    /// In flight: (receive message index, or `usize::MAX` for a send; request).
     pending: Vec<(usize, ReqId)>,
     lent: Vec<Lent>,
     in_flight: bool,
@@ -83,10 +113,14 @@ impl DistGraphComm {
         }
         let send = Registered::new(&self.comm.sh, scounts.iter().sum())?;
         let recv = Registered::new(&self.comm.sh, rcounts.iter().sum())?;
+        let recv_msgs = messages(&ins, me, self.grouped);
+        let send_msgs = messages(&outs, me, self.grouped);
         Ok(NeighborPlan {
             graph: self,
-            pending: Vec::with_capacity(ins.len() + outs.len()),
-            lent: Vec::with_capacity(ins.len() + outs.len()),
+            pending: Vec::with_capacity(recv_msgs.len() + send_msgs.len()),
+            lent: Vec::with_capacity(recv_msgs.len() + send_msgs.len()),
+            recv_msgs,
+            send_msgs,
             ins,
             outs,
             self_loops,
@@ -162,22 +196,16 @@ impl<T: Pod> NeighborPlan<'_, T> {
         self.idle(OP)?;
         let comm = &self.graph.comm;
         comm.sh.check_live(OP)?;
-        for k in 0..self.self_loops.len() {
-            let (j, i) = self.self_loops[k];
-            let (o, n) = (self.outs[j], self.ins[i]);
-            let (Some(send), Some(recv)) = (self.send.as_deref(), self.recv.as_deref_mut()) else { break };
-            recv[n.displ..n.displ + n.count].copy_from_slice(&send[o.displ..o.displ + o.count]);
-        }
         let elem = std::mem::size_of::<T>();
         // Every loan derives from one base pointer per buffer, taken once.
         let rbase: *mut u8 = self.recv_buf().as_mut_ptr().cast();
         let sbase: *mut u8 = self.send_buf().as_mut_ptr().cast();
-        let (ctx, me) = (comm.coll_ctx(), comm.rank());
+        let ctx = comm.coll_ctx();
         self.in_flight = true;
         let mut e = comm.sh.engine.borrow_mut();
         let mut lend = comm.sh.lend.borrow_mut();
         let mut started = Ok(());
-        for (i, edge) in self.ins.iter().enumerate().filter(|(_, x)| x.rank != me) {
+        for (i, edge) in self.recv_msgs.iter().enumerate() {
             #[allow(unsafe_code)]
             // SAFETY: the block lies inside the receive buffer (displacements are
             // prefix sums of the counts it was sized by); the buffer is owned by the
@@ -195,7 +223,7 @@ impl<T: Pod> NeighborPlan<'_, T> {
             }
         }
         if started.is_ok() {
-            for edge in self.outs.iter().filter(|x| x.rank != me) {
+            for edge in &self.send_msgs {
                 #[allow(unsafe_code)]
                 // SAFETY: as for the receive blocks; the send buffer is only read
                 // through the loan while in flight (accessors check `idle`).
@@ -207,6 +235,24 @@ impl<T: Pod> NeighborPlan<'_, T> {
                         started = Err(comm.localize(err));
                         break;
                     }
+                }
+            }
+        }
+        if started.is_ok() {
+            // Self-loops last, so the copies overlap the peers' transfers.
+            for &(j, i) in &self.self_loops {
+                let (o, n) = (self.outs[j], self.ins[i]);
+                #[allow(unsafe_code)]
+                // SAFETY: both ranges lie inside their buffers (prefix sums of the counts
+                // they were sized by, and the counts are equal, checked at creation); the
+                // buffers are distinct allocations; the receive range belongs to a
+                // self-loop, so no loan covers it, and the send buffer is only read.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(
+                        sbase.wrapping_add(o.displ * elem).cast_const(),
+                        rbase.wrapping_add(n.displ * elem),
+                        o.count * elem,
+                    );
                 }
             }
         }
@@ -245,14 +291,19 @@ impl<T: Pod> NeighborPlan<'_, T> {
             }
             match e.take(id) {
                 Some(Ok(raw)) if i != usize::MAX && raw.sent != raw.capacity => {
-                    let edge = self.ins[i];
+                    let m = self.recv_msgs[i];
+                    let edges = if m.edges == 1 {
+                        format!("in-edge {}", m.first_edge)
+                    } else {
+                        format!("in-edges {}..={}", m.first_edge, m.first_edge + m.edges - 1)
+                    };
                     first_err = Some(Error::InvalidGraph {
                         op: OP,
                         detail: format!(
-                            "in-edge {i} (from rank {}) delivered {} elements but {} were expected",
-                            edge.rank,
+                            "{edges} (from rank {}) delivered {} elements but {} were expected",
+                            m.rank,
                             raw.sent / elem,
-                            edge.count
+                            m.count
                         ),
                     });
                 }
