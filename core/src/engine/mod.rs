@@ -424,6 +424,19 @@ impl Engine {
         self.progress_until(lend, |e| !e.reqs.is_pending(id), |e, l| e.check_liveness(l, id))
     }
 
+    /// Drives progress until every request of `ids` is finished (liveness
+    /// checked for the first one still pending).
+    pub(crate) fn wait_all(&mut self, lend: &mut LendTable, ids: &[ReqId]) -> Result<()> {
+        self.progress_until(
+            lend,
+            |e| ids.iter().all(|&id| !e.reqs.is_pending(id)),
+            |e, l| match ids.iter().copied().find(|&id| e.reqs.is_pending(id)) {
+                Some(id) => e.check_liveness(l, id),
+                None => Ok(()),
+            },
+        )
+    }
+
     fn check_liveness(&mut self, lend: &mut LendTable, id: ReqId) -> Result<()> {
         let Some(r) = self.reqs.get(id) else {
             return Ok(());

@@ -67,6 +67,8 @@ pub struct NeighborPlan<'g, T: Pod> {
     recv: Option<Registered<T>>,
     /// In flight: (receive message index, or `usize::MAX` for a send; request).
     pending: Vec<(usize, ReqId)>,
+    /// The requests of `pending`, for one wait over all (capacity kept).
+    ids: Vec<ReqId>,
     lent: Vec<Lent>,
     in_flight: bool,
 }
@@ -118,6 +120,7 @@ impl DistGraphComm {
         Ok(NeighborPlan {
             graph: self,
             pending: Vec::with_capacity(recv_msgs.len() + send_msgs.len()),
+            ids: Vec::with_capacity(recv_msgs.len() + send_msgs.len()),
             lent: Vec::with_capacity(recv_msgs.len() + send_msgs.len()),
             recv_msgs,
             send_msgs,
@@ -278,7 +281,11 @@ impl<T: Pod> NeighborPlan<'_, T> {
         let elem = std::mem::size_of::<T>().max(1) as u64;
         let mut e = comm.sh.engine.borrow_mut();
         let mut lend = comm.sh.lend.borrow_mut();
-        let mut first_err = None;
+        // One progress loop for the whole exchange; failures are sorted out below.
+        self.ids.clear();
+        self.ids.extend(self.pending.iter().map(|p| p.1));
+        let all = e.wait_all(&mut lend, &self.ids);
+        let mut first_err = all.err().map(|err| comm.localize(err));
         for (i, id) in self.pending.drain(..) {
             if first_err.is_some() {
                 e.discard(id);

@@ -169,7 +169,9 @@ impl<H: RegistrationHook> Drop for Pool<H> {
 
 /// Maps `bytes` of anonymous memory; with [`HugePages::Try`], explicit huge pages
 /// when the reserved pool has them, else normal pages advised for THP.
-fn map_chunk(bytes: usize, huge: HugePages) -> Result<(MmapMut, bool), TransportError> {
+/// Anonymous memory of at least `bytes`, with huge pages per `huge`; says
+/// whether it came from the reserved huge-page pool.
+pub fn map_chunk(bytes: usize, huge: HugePages) -> Result<(MmapMut, bool), TransportError> {
     let setup = |what: &str, source| TransportError::Setup { what: format!("mapping a {bytes}-byte pool chunk ({what})"), source };
     if huge == HugePages::Try {
         let len = bytes.next_multiple_of(HUGE_PAGE);
