@@ -128,6 +128,77 @@ impl<'s> NeighborRequest<'s> {
     }
 }
 
+/// (bytes, byte displacement) of each alltoallw block.
+fn byte_parts(blocks: &[Block], deg: usize, side: &str) -> Result<Vec<(usize, usize)>> {
+    const OP: &str = "neighbor_alltoallw";
+    if blocks.len() != deg {
+        return Err(Error::InvalidGraph { op: OP, detail: format!("{} {side} blocks for {deg} {side}-edges", blocks.len()) });
+    }
+    blocks
+        .iter()
+        .enumerate()
+        .map(|(i, b)| {
+            b.bytes().map(|n| (n, b.displ)).ok_or_else(|| Error::InvalidGraph {
+                op: OP,
+                detail: format!("{side}-edge {i}: {} elements of {} bytes overflow", b.count, b.elem_size),
+            })
+        })
+        .collect()
+}
+
+/// Consecutive edges to (or from) one peer, sent as one message by the
+/// blocking collectives when every rank groups its edges by peer.
+#[derive(Clone, Debug)]
+struct Group {
+    rank: u32,
+    edges: std::ops::Range<usize>,
+    /// Elements in all its blocks.
+    total: usize,
+    /// Where the blocks start, when they lie back to back in the user's buffer.
+    contiguous_at: Option<usize>,
+}
+
+fn groups(edges: &[(u32, u32)], parts: &[(usize, usize)], me: u32) -> Vec<Group> {
+    let mut out: Vec<Group> = Vec::new();
+    let mut end_of_last: Vec<Option<usize>> = Vec::new();
+    for (i, (&(rank, _), &(count, displ))) in edges.iter().zip(parts).enumerate() {
+        if rank == me {
+            continue;
+        }
+        match out.last_mut() {
+            Some(g) if g.rank == rank && g.edges.end == i => {
+                g.edges.end = i + 1;
+                g.total += count;
+                let end = end_of_last.last_mut().expect("one end per group");
+                if count > 0 {
+                    match (g.contiguous_at, *end) {
+                        (Some(_), Some(e)) if e == displ => *end = Some(displ + count),
+                        (None, None) => {
+                            g.contiguous_at = Some(displ);
+                            *end = Some(displ + count);
+                        }
+                        _ => {
+                            g.contiguous_at = None;
+                            *end = Some(usize::MAX);
+                        }
+                    }
+                }
+            }
+            _ => {
+                let start = (count > 0).then_some(displ);
+                out.push(Group { rank, edges: i..i + 1, total: count, contiguous_at: start });
+                end_of_last.push(start.map(|d| d + count));
+            }
+        }
+    }
+    for g in &mut out {
+        if g.total == 0 {
+            g.contiguous_at = Some(0);
+        }
+    }
+    out
+}
+
 impl DistGraphComm {
     /// Starts sending `sends[j]` along out-edge j and receiving in-edge i
     /// into `recvs[i]` (all receives posted first), in scope `s`.
@@ -178,10 +249,115 @@ impl DistGraphComm {
         Ok(req)
     }
 
+    /// The blocking collectives: with edges grouped by peer on every rank,
+    /// one message per peer pair (blocks packed when they are not back to
+    /// back in the user's buffer); otherwise one message per edge.
+    fn blocking_exchange<T: Pod>(
+        &self,
+        op: &'static str,
+        send: &[T],
+        sparts: &[(usize, usize)],
+        recv: &mut [T],
+        rparts: &[(usize, usize)],
+    ) -> Result<()> {
+        if !self.grouped {
+            let sends = send_parts(op, send, sparts)?;
+            let recvs = split_disjoint(op, recv, rparts, "in-edge")?;
+            return self.comm.scope(|s| self.start_exchange(s, op, &sends, recvs)?.wait(s));
+        }
+        self.comm.sh.check_live(op)?;
+        let sends = send_parts(op, send, sparts)?;
+        drop(split_disjoint(op, recv, rparts, "in-edge")?);
+        let me = self.comm.rank();
+        // Self-loops: the k-th out-edge to me feeds the k-th in-edge from me.
+        let to_me = self.outs.iter().enumerate().filter(|(_, e)| e.0 == me).map(|(j, _)| j);
+        let from_me: Vec<usize> = self.ins.iter().enumerate().filter(|(_, e)| e.0 == me).map(|(i, _)| i).collect();
+        if to_me.clone().count() != from_me.len() {
+            return Err(Error::InvalidGraph {
+                op,
+                detail: format!("rank {me} has {} out-edges to itself but {} in-edges from itself", to_me.count(), from_me.len()),
+            });
+        }
+        for (j, &i) in to_me.zip(&from_me) {
+            let (c, d) = rparts[i];
+            if sends[j].len() != c {
+                return Err(Error::InvalidGraph {
+                    op,
+                    detail: format!("self-loop: rank {me} sends itself {} elements but in-edge {i} expects {c}", sends[j].len()),
+                });
+            }
+            recv[d..d + c].copy_from_slice(sends[j]);
+        }
+        let sg = groups(&self.outs, sparts, me);
+        let rg = groups(&self.ins, rparts, me);
+        let staged_sends: Vec<Option<Vec<T>>> =
+            sg.iter().map(|g| g.contiguous_at.is_none().then(|| sends[g.edges.clone()].concat())).collect();
+        let mut staged_recvs: Vec<Option<Vec<T>>> =
+            rg.iter().map(|g| g.contiguous_at.is_none().then(|| vec![T::zeroed(); g.total])).collect();
+        let direct_parts: Vec<(usize, usize)> = rg.iter().filter_map(|g| g.contiguous_at.map(|d| (g.total, d))).collect();
+        let got = {
+            let mut direct = split_disjoint(op, recv, &direct_parts, "in-edge group")?.into_iter();
+            self.comm.scope(|s| {
+                let mut reqs = Vec::with_capacity(rg.len());
+                for (g, staged) in rg.iter().zip(staged_recvs.iter_mut()) {
+                    let part: &mut [T] = match staged {
+                        Some(v) => v,
+                        None => direct.next().unwrap_or_default(),
+                    };
+                    reqs.push(s.irecv_coll(part, g.rank, tag::NEIGHBOR)?);
+                }
+                let mut staged_sends = staged_sends.iter();
+                for g in &sg {
+                    let staged = staged_sends.next().and_then(Option::as_deref);
+                    let buf: &[T] = match (g.contiguous_at, staged) {
+                        (Some(d), _) => &send[d..d + g.total],
+                        (None, Some(v)) => v,
+                        (None, None) => &[],
+                    };
+                    let _ = s.isend_coll(buf, g.rank, tag::NEIGHBOR)?;
+                }
+                reqs.into_iter().map(|r| Ok(s.wait(r)?.count)).collect::<Result<Vec<usize>>>()
+            })?
+        };
+        for (g, count) in rg.iter().zip(&got) {
+            if *count != g.total {
+                let edges = if g.edges.len() == 1 {
+                    format!("in-edge {}", g.edges.start)
+                } else {
+                    format!("in-edges {}..={}", g.edges.start, g.edges.end - 1)
+                };
+                return Err(Error::InvalidGraph {
+                    op,
+                    detail: format!("{edges} (from rank {}) delivered {count} elements but {} were expected", g.rank, g.total),
+                });
+            }
+        }
+        // Unpack the staged receives into their blocks.
+        for (g, staged) in rg.iter().zip(&staged_recvs) {
+            let Some(v) = staged else { continue };
+            let mut at = 0;
+            for i in g.edges.clone() {
+                let (c, d) = rparts[i];
+                recv[d..d + c].copy_from_slice(&v[at..at + c]);
+                at += c;
+            }
+        }
+        Ok(())
+    }
+
     /// `send` along every out-edge; in-edge i's copy lands in block i of `recv`
     /// (`recv` holds indegree blocks of `send.len()` elements).
     pub fn neighbor_allgather<T: Pod>(&self, send: &[T], recv: &mut [T]) -> Result<()> {
-        self.comm.scope(|s| self.ineighbor_allgather(s, send, recv)?.wait(s))
+        let (indeg, outdeg, _) = self.neighbors_count();
+        let m = send.len();
+        if recv.len() != indeg * m {
+            return Err(Error::InvalidGraph {
+                op: "neighbor_allgather",
+                detail: format!("receive buffer of {} elements for {indeg} in-edges of {m} elements", recv.len()),
+            });
+        }
+        let rparts: Vec<(usize, usize)> = (0..indeg).map(|i| (m, i * m)).collect();
+        self.blocking_exchange("neighbor_allgather", send, &vec![(m, 0); outdeg], recv, &rparts)
     }
 
     /// Non-blocking [`DistGraphComm::neighbor_allgather`] in the graph communicator's scope.
@@ -207,7 +383,10 @@ impl DistGraphComm {
     /// Like [`DistGraphComm::neighbor_allgather`] with per-in-edge counts and
     /// displacements (in elements) in `recv`.
     pub fn neighbor_allgatherv<T: Pod>(&self, send: &[T], recv: &mut [T], rcounts: &[usize], rdispls: &[usize]) -> Result<()> {
-        self.comm.scope(|s| self.ineighbor_allgatherv(s, send, recv, rcounts, rdispls)?.wait(s))
+        const OP: &str = "neighbor_allgatherv";
+        let (indeg, outdeg, _) = self.neighbors_count();
+        let rparts = pairs(OP, rcounts, rdispls, indeg, "in")?;
+        self.blocking_exchange(OP, send, &vec![(send.len(), 0); outdeg], recv, &rparts)
     }
 
     /// Non-blocking [`DistGraphComm::neighbor_allgatherv`].
@@ -229,7 +408,28 @@ impl DistGraphComm {
     /// Block j of `send` along out-edge j, in-edge i into block i of `recv`
     /// (equal blocks: `send` holds outdegree blocks, `recv` indegree).
     pub fn neighbor_alltoall<T: Pod>(&self, send: &[T], recv: &mut [T]) -> Result<()> {
-        self.comm.scope(|s| self.ineighbor_alltoall(s, send, recv)?.wait(s))
+        let (sparts, rparts) = self.alltoall_parts(send.len(), recv.len())?;
+        self.blocking_exchange("neighbor_alltoall", send, &sparts, recv, &rparts)
+    }
+
+    /// Equal blocks: outdegree of them in `send`, indegree in `recv`.
+    fn alltoall_parts(&self, slen: usize, rlen: usize) -> Result<(Vec<(usize, usize)>, Vec<(usize, usize)>)> {
+        let (indeg, outdeg, _) = self.neighbors_count();
+        let block = |len: usize, deg: usize, side: &str| -> Result<usize> {
+            if deg == 0 && len == 0 {
+                return Ok(0);
+            }
+            if deg == 0 || len % deg != 0 {
+                return Err(Error::InvalidGraph {
+                    op: "neighbor_alltoall",
+                    detail: format!("{side} buffer of {len} elements is not {deg} equal blocks ({side}degree {deg})"),
+                });
+            }
+            Ok(len / deg)
+        };
+        let sm = block(slen, outdeg, "out")?;
+        let rm = block(rlen, indeg, "in")?;
+        Ok(((0..outdeg).map(|j| (sm, j * sm)).collect(), (0..indeg).map(|i| (rm, i * rm)).collect()))
     }
 
     /// Non-blocking [`DistGraphComm::neighbor_alltoall`].
@@ -240,23 +440,7 @@ impl DistGraphComm {
         recv: &'env mut [T],
     ) -> Result<NeighborRequest<'s>> {
         const OP: &str = "neighbor_alltoall";
-        let (indeg, outdeg, _) = self.neighbors_count();
-        let block = |len: usize, deg: usize, side: &str| -> Result<usize> {
-            if deg == 0 && len == 0 {
-                return Ok(0);
-            }
-            if deg == 0 || len % deg != 0 {
-                return Err(Error::InvalidGraph {
-                    op: OP,
-                    detail: format!("{side} buffer of {len} elements is not {deg} equal blocks ({side}degree {deg})"),
-                });
-            }
-            Ok(len / deg)
-        };
-        let sm = block(send.len(), outdeg, "out")?;
-        let rm = block(recv.len(), indeg, "in")?;
-        let sparts: Vec<(usize, usize)> = (0..outdeg).map(|j| (sm, j * sm)).collect();
-        let rparts: Vec<(usize, usize)> = (0..indeg).map(|i| (rm, i * rm)).collect();
+        let (sparts, rparts) = self.alltoall_parts(send.len(), recv.len())?;
         let sends = send_parts(OP, send, &sparts)?;
         let recvs = split_disjoint(OP, recv, &rparts, "in-edge")?;
         self.start_exchange(s, OP, &sends, recvs)
@@ -273,7 +457,11 @@ impl DistGraphComm {
         rcounts: &[usize],
         rdispls: &[usize],
     ) -> Result<()> {
-        self.comm.scope(|s| self.ineighbor_alltoallv(s, send, scounts, sdispls, recv, rcounts, rdispls)?.wait(s))
+        const OP: &str = "neighbor_alltoallv";
+        let (indeg, outdeg, _) = self.neighbors_count();
+        let sparts = pairs(OP, scounts, sdispls, outdeg, "out")?;
+        let rparts = pairs(OP, rcounts, rdispls, indeg, "in")?;
+        self.blocking_exchange(OP, send, &sparts, recv, &rparts)
     }
 
     /// Non-blocking [`DistGraphComm::neighbor_alltoallv`].
@@ -298,7 +486,10 @@ impl DistGraphComm {
     /// Per-edge blocks of bytes with their own element sizes (MPI's
     /// per-neighbour datatypes, displacements in bytes).
     pub fn neighbor_alltoallw(&self, send: &[u8], sblocks: &[Block], recv: &mut [u8], rblocks: &[Block]) -> Result<()> {
-        self.comm.scope(|s| self.ineighbor_alltoallw(s, send, sblocks, recv, rblocks)?.wait(s))
+        let (indeg, outdeg, _) = self.neighbors_count();
+        let sparts = byte_parts(sblocks, outdeg, "out")?;
+        let rparts = byte_parts(rblocks, indeg, "in")?;
+        self.blocking_exchange("neighbor_alltoallw", send, &sparts, recv, &rparts)
     }
 
     /// Non-blocking [`DistGraphComm::neighbor_alltoallw`].
@@ -312,23 +503,8 @@ impl DistGraphComm {
     ) -> Result<NeighborRequest<'s>> {
         const OP: &str = "neighbor_alltoallw";
         let (indeg, outdeg, _) = self.neighbors_count();
-        let bytes = |blocks: &[Block], deg: usize, side: &str| -> Result<Vec<(usize, usize)>> {
-            if blocks.len() != deg {
-                return Err(Error::InvalidGraph { op: OP, detail: format!("{} {side} blocks for {deg} {side}-edges", blocks.len()) });
-            }
-            blocks
-                .iter()
-                .enumerate()
-                .map(|(i, b)| {
-                    b.bytes().map(|n| (n, b.displ)).ok_or_else(|| Error::InvalidGraph {
-                        op: OP,
-                        detail: format!("{side}-edge {i}: {} elements of {} bytes overflow", b.count, b.elem_size),
-                    })
-                })
-                .collect()
-        };
-        let sends = send_parts(OP, send, &bytes(sblocks, outdeg, "out")?)?;
-        let recvs = split_disjoint(OP, recv, &bytes(rblocks, indeg, "in")?, "in-edge")?;
+        let sends = send_parts(OP, send, &byte_parts(sblocks, outdeg, "out")?)?;
+        let recvs = split_disjoint(OP, recv, &byte_parts(rblocks, indeg, "in")?, "in-edge")?;
         self.start_exchange(s, OP, &sends, recvs)
     }
 }
