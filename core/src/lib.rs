@@ -77,7 +77,7 @@ pub use registered::Registered;
 pub use scope::{Request, Scope};
 pub use select::TRANSPORT_NAMES;
 pub use status::{Source, Status, Tag, TAG_UB};
-pub use topo::{Block, DistGraphComm, Info, NeighborPlan, NeighborRequest, Neighbors, Reorder, Weights};
+pub use topo::{Block, DistGraphComm, Info, MappingCost, NeighborPlan, NeighborRequest, Neighbors, Reorder, Weights};
 
 static INITIALIZED: AtomicBool = AtomicBool::new(false);
 

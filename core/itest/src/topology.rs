@@ -485,3 +485,61 @@ fn nonblocking_and_persistent(g: &DistGraphComm, ins: &[Edge], outs: &[Edge]) ->
     }
     Ok(())
 }
+
+/// Reordering with pinned ranks: ranks 0 and 3 pass `Reorder::No`, the others
+/// `Allowed`; places are pairs of ranks (`fmx_reorder_group=2`); heavy edges
+/// join r and r + n/2. Pinned ranks keep their rank, the cut does not grow
+/// (here it shrinks), and a neighbour exchange gives every process the same
+/// data as without reordering.
+pub fn reorder(w: &Comm) -> R {
+    let (n, me) = (w.size(), w.rank());
+    if n < 4 || n % 2 != 0 {
+        return Err(format!("graph-reorder needs an even number of ranks >= 4, got {n}"));
+    }
+    let half = n / 2;
+    let heavy = (me + half) % n;
+    let (dests, weights) = (vec![heavy, (me + 1) % n], vec![10u32, 1]);
+    let info = Info::new().set("fmx_reorder_group", "2");
+    let pinned = me == 0 || me == 3;
+    let mode = if pinned { Reorder::No } else { Reorder::Allowed };
+    let g = w.dist_graph_create(&[me], &[2], &dests, Weights::Values(&weights), &info, mode).map_err(e2s)?;
+    if pinned && g.rank() != me {
+        return Err(format!("pinned rank {me} became rank {}", g.rank()));
+    }
+    let cost = g.mapping_cost().ok_or("no mapping cost after a reorder")?;
+    if cost.after > cost.before || cost.after == cost.before {
+        return Err(format!("the cut did not shrink: {cost:?}"));
+    }
+    // New rank -> old rank, to read neighbors() in old names.
+    let mut old_of = vec![0u32; n as usize];
+    g.allgather(&[me], &mut old_of).map_err(e2s)?;
+    let nb = g.neighbors(usize::MAX, usize::MAX);
+    let mut got_in: Vec<(u32, u32)> =
+        nb.sources.iter().zip(nb.source_weights.as_deref().unwrap_or_default()).map(|(&s, &wt)| (old_of[s as usize], wt)).collect();
+    let mut want_in = vec![((me + half) % n, 10u32), ((me + n - 1) % n, 1)];
+    got_in.sort_unstable();
+    want_in.sort_unstable();
+    if got_in != want_in {
+        return Err(format!("in-neighbours in old ranks {got_in:?}, expected {want_in:?}"));
+    }
+    // Every process sends its old rank along each out-edge: the data each
+    // receives is what it would receive without reordering.
+    let mut recv = vec![0u32; nb.sources.len()];
+    g.neighbor_alltoall(&vec![me; nb.destinations.len()], &mut recv).map_err(e2s)?;
+    let mut from: Vec<u32> = recv.clone();
+    from.sort_unstable();
+    let mut want: Vec<u32> = want_in.iter().map(|e| e.0).collect();
+    want.sort_unstable();
+    if from != want {
+        return Err(format!("exchange after reorder delivered {recv:?}, expected old ranks {want:?}"));
+    }
+    // Nobody allowing it: ranks and costs stay as they were.
+    let g2 = w.dist_graph_create(&[me], &[2], &dests, Weights::Values(&weights), &info, Reorder::No).map_err(e2s)?;
+    if g2.rank() != me || g2.mapping_cost().is_some() {
+        return Err(format!("Reorder::No everywhere changed rank {me} to {} or reported {:?}", g2.rank(), g2.mapping_cost()));
+    }
+    if me == 0 {
+        println!("REORDER cut before {} after {}", cost.before, cost.after);
+    }
+    Ok(())
+}

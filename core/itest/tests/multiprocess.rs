@@ -224,3 +224,11 @@ fn dist_graph_bad_input_fails_on_every_rank_without_hanging() {
         run_ok(np, "graph-errors");
     }
 }
+
+#[test]
+fn dist_graph_reorder_keeps_pinned_ranks_lowers_the_cut_and_preserves_exchanges() {
+    for np in [4, 8] {
+        let o = run_ok(np, "graph-reorder");
+        assert!(o.lines.iter().any(|(_, _, l)| l.starts_with("REORDER cut before")), "no cost line:\n{}", dump(&o));
+    }
+}

@@ -78,8 +78,8 @@ impl Comm {
         let mine = [u32::from(super::grouped_by_peer(&ins) && super::grouped_by_peer(&outs))];
         let mut all = [0u32];
         self.allreduce(&mine, &mut all, Op::Min)?;
-        let _ = reorder;
-        Ok(DistGraphComm { comm: self.dup()?, ins, outs, weighted, grouped: all[0] == 1 })
+        // Neighbour order stays as given, under new names if reordered.
+        self.graph_comm(ADJACENT, reorder, info, ins, outs, weighted, all[0] == 1, false)
     }
 
     /// A graph communicator from edges any process may give for any source
@@ -131,9 +131,40 @@ impl Comm {
         self.agree(GENERAL, local.as_ref().err(), weighted, info)?;
         let (edges, weighted) = local?;
         let (ins, outs) = self.route_edges(&edges)?;
-        let _ = reorder;
         // Edges come sorted by peer: each peer's are adjacent on every rank.
-        Ok(DistGraphComm { comm: self.dup()?, ins, outs, weighted, grouped: true })
+        self.graph_comm(GENERAL, reorder, info, ins, outs, weighted, true, true)
+    }
+
+    /// The graph communicator: a dup, or with reordering a split by the new
+    /// ranks and the edges renamed (re-sorted by new peer when `resort`; the
+    /// sort is stable, so multiple edges keep their agreed order).
+    #[allow(clippy::too_many_arguments)]
+    fn graph_comm(
+        &self,
+        op: &'static str,
+        reorder: Reorder,
+        info: &Info,
+        mut ins: Vec<(u32, u32)>,
+        mut outs: Vec<(u32, u32)>,
+        weighted: bool,
+        grouped: bool,
+        resort: bool,
+    ) -> Result<DistGraphComm> {
+        let Some((perm, cost)) = self.reorder_ranks(op, reorder == Reorder::Allowed, &outs, info)? else {
+            return Ok(DistGraphComm { comm: self.dup()?, ins, outs, weighted, grouped, cost: None });
+        };
+        let me = perm[self.rank() as usize];
+        let comm = self
+            .split(Some(0), me as i32)?
+            .ok_or_else(|| Error::InvalidGraph { op, detail: "reordering lost this process (split returned no communicator)".into() })?;
+        for e in ins.iter_mut().chain(outs.iter_mut()) {
+            e.0 = perm[e.0 as usize];
+        }
+        if resort {
+            ins.sort_by_key(|e| e.0);
+            outs.sort_by_key(|e| e.0);
+        }
+        Ok(DistGraphComm { comm, ins, outs, weighted, grouped, cost: Some(cost) })
     }
 
     /// One allgather of (flags, info digest): every rank learns whether any

@@ -12,11 +12,18 @@ pub struct Info {
 
 impl Info {
     /// The keys fmx accepts, with their values and meaning.
-    pub const KEYS: &'static [(&'static str, &'static str)] = &[(
-        "fmx_check_adjacent",
-        "true (default) | false: dist_graph_create_adjacent proves that both ends of every edge declare it with the same \
+    pub const KEYS: &'static [(&'static str, &'static str)] = &[
+        (
+            "fmx_check_adjacent",
+            "true (default) | false: dist_graph_create_adjacent proves that both ends of every edge declare it with the same \
              weights (one extra exchange); false skips the check",
-    )];
+        ),
+        (
+            "fmx_reorder_group",
+            "a positive number K: for reordering, ranks 0..K, K..2K, ... are one place each (say, the cores of a socket); \
+             default: the hosts the launcher reports",
+        ),
+    ];
 
     /// No hints.
     pub fn new() -> Self {
@@ -41,6 +48,13 @@ impl Info {
         for (k, v) in &self.pairs {
             match k.as_str() {
                 "fmx_check_adjacent" if v == "true" || v == "false" => {}
+                "fmx_reorder_group" if v.parse::<u32>().is_ok_and(|k| k > 0) => {}
+                "fmx_reorder_group" => {
+                    return Err(Error::InvalidGraph {
+                        op,
+                        detail: format!("info fmx_reorder_group={v:?}: expected a positive number of ranks"),
+                    })
+                }
                 "fmx_check_adjacent" => {
                     return Err(Error::InvalidGraph { op, detail: format!("info fmx_check_adjacent={v:?}: expected true or false") })
                 }

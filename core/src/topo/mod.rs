@@ -17,10 +17,12 @@ mod create;
 mod info;
 mod neighbor;
 mod plan;
+mod reorder;
 
 pub use info::Info;
 pub use neighbor::{Block, NeighborRequest};
 pub use plan::NeighborPlan;
+pub use reorder::MappingCost;
 
 use crate::comm::Comm;
 
@@ -40,8 +42,8 @@ pub enum Weights<'a> {
 pub enum Reorder {
     /// Keep this process's rank.
     No,
-    /// The rank may change. (fmx does not remap yet: ranks are kept, which
-    /// the standard allows.)
+    /// The rank may change, to keep heavy edges inside a host (or a block of
+    /// `fmx_reorder_group` ranks); see [`DistGraphComm::mapping_cost`].
     Allowed,
 }
 
@@ -71,6 +73,8 @@ pub struct DistGraphComm {
     /// On every rank, each peer's edges are adjacent in both lists, so the
     /// blocks between two processes can travel as one message.
     grouped: bool,
+    /// Set when some process allowed reordering.
+    cost: Option<MappingCost>,
 }
 
 /// Whether each peer's edges form one run in `edges`.
@@ -121,6 +125,13 @@ impl DistGraphComm {
             destinations: outs.iter().map(|e| e.0).collect(),
             dest_weights: self.weighted.then(|| outs.iter().map(|e| e.1).collect()),
         }
+    }
+
+    /// The cut (sum of weights of edges between hosts, or between blocks of
+    /// `fmx_reorder_group` ranks) with the old ranks and with this
+    /// communicator's; `None` when no process allowed reordering.
+    pub fn mapping_cost(&self) -> Option<MappingCost> {
+        self.cost
     }
 
     /// The underlying communicator.

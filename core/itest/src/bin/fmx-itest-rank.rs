@@ -111,6 +111,7 @@ fn main() {
         "graph-7.4" => fmx_itest::topology::example_7_4(w),
         "graph-random" => fmx_itest::topology::random_graphs(w),
         "graph-errors" => fmx_itest::topology::bad_graphs(w),
+        "graph-reorder" => fmx_itest::topology::reorder(w),
         "spawn" => fmx_itest::launchers::spawn(&fmx, 3),
         "spawn-child" => fmx_itest::launchers::spawn_child(&fmx),
         "p2p-order" => p2p_order(w),
