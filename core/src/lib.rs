@@ -125,7 +125,11 @@ fn init_inner() -> Result<Fmx> {
     let tp = select::open(&mut boot)?;
     let size = boot.size();
     let cores = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
-    let local_ranks = std::env::var("FMX_LOCAL_SIZE").ok().and_then(|v| v.parse::<usize>().ok()).unwrap_or(size as usize);
+    // Ranks sharing this host: fmxrun says; PMI launchers place ranks on nodes.
+    let local_ranks = std::env::var("FMX_LOCAL_SIZE")
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+        .unwrap_or_else(|| Locality::from_nodes(&boot.nodes(), boot.rank()).local_size as usize);
     let sh = Rc::new(comm::Shared {
         engine: RefCell::new(engine::Engine::new(tp, local_ranks > cores)),
         lend: RefCell::new(fmx_transport::lend::LendTable::new()),

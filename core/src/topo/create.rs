@@ -17,6 +17,9 @@ const RECORD: usize = 6;
 const ROLE_OUT: u32 = 0;
 const ROLE_IN: u32 = 1;
 
+/// (peer, weight) per edge, in neighbour order.
+type EdgeList = Vec<(u32, u32)>;
+
 fn weights_of<'a>(w: Weights<'a>, n: usize, what: &str, op: &'static str) -> Result<Option<&'a [u32]>> {
     match w {
         Weights::Unweighted => Ok(None),
@@ -210,7 +213,7 @@ impl Comm {
         for &(d, w) in outs {
             to[d as usize].push(w);
         }
-        let got = self.sparse_exchange(to)?;
+        let got = self.sparse_exchange(&to)?;
         let mut from: Vec<Vec<u32>> = vec![Vec::new(); n];
         for &(s, w) in ins {
             from[s as usize].push(w);
@@ -245,15 +248,14 @@ impl Comm {
 
     /// Sends each edge to its two endpoints; returns this process's
     /// (in-edges, out-edges), multiple edges ordered alike on both ends.
-    fn route_edges(&self, edges: &[(u32, u32, u32, u32)]) -> Result<(Vec<(u32, u32)>, Vec<(u32, u32)>)> {
-        let n = self.size() as usize;
+    fn route_edges(&self, edges: &[(u32, u32, u32, u32)]) -> Result<(EdgeList, EdgeList)> {
         let me = self.rank();
-        let mut to: Vec<Vec<u32>> = vec![Vec::new(); n];
+        let mut to: Vec<Vec<u32>> = vec![Vec::new(); self.size() as usize];
         for &(s, d, w, k) in edges {
             to[s as usize].extend_from_slice(&[ROLE_OUT, s, d, w, me, k]);
             to[d as usize].extend_from_slice(&[ROLE_IN, s, d, w, me, k]);
         }
-        let got = self.sparse_exchange(to)?;
+        let got = self.sparse_exchange(&to)?;
         let mut ins = Vec::new();
         let mut outs = Vec::new();
         for rec in got.iter().flat_map(|v| v.chunks_exact(RECORD)) {
@@ -271,7 +273,7 @@ impl Comm {
 
     /// `to[r]` to rank r; returns what each rank sent us (an alltoall of the
     /// counts, then one alltoallv).
-    fn sparse_exchange(&self, to: Vec<Vec<u32>>) -> Result<Vec<Vec<u32>>> {
+    fn sparse_exchange(&self, to: &[Vec<u32>]) -> Result<Vec<Vec<u32>>> {
         let n = self.size() as usize;
         let scounts: Vec<u32> = to.iter().map(|v| v.len() as u32).collect();
         let mut rcounts = vec![0u32; n];

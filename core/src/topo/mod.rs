@@ -103,7 +103,8 @@ impl std::fmt::Debug for DistGraphComm {
             .field("comm", &self.comm)
             .field("indegree", &self.ins.len())
             .field("outdegree", &self.outs.len())
-            .finish()
+            .field("weighted", &self.weighted)
+            .finish_non_exhaustive()
     }
 }
 

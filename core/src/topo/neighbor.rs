@@ -128,6 +128,9 @@ impl<'s> NeighborRequest<'s> {
     }
 }
 
+/// (count, displacement) of each edge's block.
+type Parts = Vec<(usize, usize)>;
+
 /// (bytes, byte displacement) of each alltoallw block.
 fn byte_parts(blocks: &[Block], deg: usize, side: &str) -> Result<Vec<(usize, usize)>> {
     const OP: &str = "neighbor_alltoallw";
@@ -243,7 +246,7 @@ impl DistGraphComm {
         }
         for (&(dst, _), buf) in self.outs.iter().zip(sends) {
             if dst != me {
-                req.sends.push(s.isend_coll(*buf, dst, tag::NEIGHBOR)?);
+                req.sends.push(s.isend_coll(buf, dst, tag::NEIGHBOR)?);
             }
         }
         Ok(req)
@@ -413,7 +416,7 @@ impl DistGraphComm {
     }
 
     /// Equal blocks: outdegree of them in `send`, indegree in `recv`.
-    fn alltoall_parts(&self, slen: usize, rlen: usize) -> Result<(Vec<(usize, usize)>, Vec<(usize, usize)>)> {
+    fn alltoall_parts(&self, slen: usize, rlen: usize) -> Result<(Parts, Parts)> {
         let (indeg, outdeg, _) = self.neighbors_count();
         let block = |len: usize, deg: usize, side: &str| -> Result<usize> {
             if deg == 0 && len == 0 {
