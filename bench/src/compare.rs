@@ -17,37 +17,25 @@ use crate::report::{parse_osu, Row};
 const BEGIN: &str = "<!-- perf-table:begin -->";
 const END: &str = "<!-- perf-table:end -->";
 
+/// Open MPI's shared-memory path, with its out-of-band wiring kept on loopback.
+pub(crate) const OMPI_SHM_LO: [&str; 12] =
+    ["--mca", "pml", "ob1", "--mca", "btl", "self,vader", "--mca", "oob_tcp_if_include", "lo", "--mca", "btl_tcp_if_include", "lo"];
+
 struct Peer {
     name: &'static str,
     mpicc: &'static str,
     launcher: &'static [&'static str],
+    /// Options after the launcher's own.
+    extra: &'static [&'static str],
 }
 
 const PEERS: &[Peer] = &[
-    Peer { name: "MPICH", mpicc: "mpicc.mpich", launcher: &["mpiexec.hydra", "-iface", "lo", "-n", "2", "-bind-to", "core"] },
+    Peer { name: "MPICH", mpicc: "mpicc.mpich", launcher: &["mpiexec.hydra", "-iface", "lo", "-n", "2", "-bind-to", "core"], extra: &[] },
     Peer {
         name: "Open MPI",
         mpicc: "mpicc.openmpi",
-        launcher: &[
-            "mpirun.openmpi",
-            "--allow-run-as-root",
-            "-n",
-            "2",
-            "--bind-to",
-            "core",
-            "--mca",
-            "pml",
-            "ob1",
-            "--mca",
-            "btl",
-            "self,vader",
-            "--mca",
-            "oob_tcp_if_include",
-            "lo",
-            "--mca",
-            "btl_tcp_if_include",
-            "lo",
-        ],
+        launcher: &["mpirun.openmpi", "--allow-run-as-root", "-n", "2", "--bind-to", "core"],
+        extra: &OMPI_SHM_LO,
     },
 ];
 
@@ -109,7 +97,7 @@ pub fn main(args: &[String]) -> Result<(), String> {
             let bin = build_peer(p)?;
             for test in ["latency", "bw"] {
                 let (prog, rest) = p.launcher.split_first().expect("launcher");
-                let out = run(Command::new(prog).args(rest).arg(&bin).args([test, &max.to_string()]))?;
+                let out = run(Command::new(prog).args(rest).args(p.extra).arg(&bin).args([test, &max.to_string()]))?;
                 record(&mut table, test, p.name, &parse_osu(&out), &sizes);
             }
             names.push(p.name.to_owned());

@@ -51,21 +51,8 @@ fn peer(name: &str, n: u32, ks: &str) -> Result<Vec<(usize, f64)>, String> {
     } else {
         let bin = build("mpicc.openmpi")?;
         run(Command::new("mpirun.openmpi")
-            .args([
-                "--allow-run-as-root",
-                "--oversubscribe",
-                "-n",
-                &np,
-                "--bind-to",
-                "core:overload-allowed",
-                "--mca",
-                "pml",
-                "ob1",
-                "--mca",
-                "btl",
-                "self,vader",
-            ])
-            .args(["--mca", "oob_tcp_if_include", "lo", "--mca", "btl_tcp_if_include", "lo"])
+            .args(["--allow-run-as-root", "--oversubscribe", "-n", &np, "--bind-to", "core:overload-allowed"])
+            .args(crate::compare::OMPI_SHM_LO)
             .arg(bin)
             .arg(ks))?
     };

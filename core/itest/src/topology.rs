@@ -36,22 +36,6 @@ impl Rng {
     }
 }
 
-/// Example 7.4: a PxQ torus with diagonals, weights 2 along the dimensions, 1 on diagonals.
-fn torus_destinations(rank: u32, p: u32, q: u32) -> ([u32; 8], [u32; 8]) {
-    let (y, x) = (rank / p, rank % p);
-    let d = [
-        p * y + (x + 1) % p,
-        p * y + (p + x - 1) % p,
-        p * ((y + 1) % q) + x,
-        p * ((q + y - 1) % q) + x,
-        p * ((y + 1) % q) + (x + 1) % p,
-        p * ((q + y - 1) % q) + (x + 1) % p,
-        p * ((y + 1) % q) + (p + x - 1) % p,
-        p * ((q + y - 1) % q) + (p + x - 1) % p,
-    ];
-    (d, [2, 2, 2, 2, 1, 1, 1, 1])
-}
-
 /// The value element `t` of the block on edge `id` carries.
 fn payload(id: u32, t: usize) -> u64 {
     u64::from(id) * 1000 + t as u64
@@ -198,15 +182,16 @@ pub fn example_7_4(w: &Comm) -> R {
     if n < 4 || n % 2 != 0 {
         return Err(format!("the torus needs an even number of ranks >= 4, got {n}"));
     }
-    let (p, q, me) = (n / 2, 2, w.rank());
+    let me = w.rank();
     let mut edges = Vec::new();
     for r in 0..n {
-        let (d, wt) = torus_destinations(r, p, q);
+        // The benchmark's torus: P = n/2, Q = 2 from 4 ranks.
+        let (d, wt, _) = fmx_bench::neighbor::torus(r, n);
         for j in 0..8 {
             edges.push(Edge { s: r, d: d[j], w: wt[j], id: r * 8 + j as u32 });
         }
     }
-    let (d, wt) = torus_destinations(me, p, q);
+    let (d, wt, _) = fmx_bench::neighbor::torus(me, n);
     let g = w.dist_graph_create(&[me], &[8], &d, Weights::Values(&wt), &Info::new(), Reorder::No).map_err(e2s)?;
     let giver: Vec<(u32, u32)> = edges.iter().map(|e| (e.s, e.id % 8)).collect();
     let (ins, outs) = general_order(&edges, &giver, me);
