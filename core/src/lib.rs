@@ -40,10 +40,18 @@
 //! then closes the transport; dropping [`Fmx`] finalizes too, ignoring errors.
 //! Shared-memory files are removed as soon as every rank has mapped them.
 //!
+//! ## Graph topologies
+//! [`Comm::dist_graph_create`] and [`Comm::dist_graph_create_adjacent`]
+//! (MPI-2.2) give a [`DistGraphComm`] with `neighbors` queries and the
+//! neighbourhood collectives, blocking, non-blocking (in a scope) and
+//! persistent ([`DistGraphComm::neighbor_alltoallv_plan`]).
+//!
 //! ## Cargo features
-//! None yet: the shared-memory transport is always built. Verbs and
-//! libfabric transports arrive as features.
-// One unsafe block: adopting the PMI socket a process manager hands us by number.
+//! `verbs`: the ibverbs transport (needs rdma-core's headers). The
+//! shared-memory transport is always built.
+// Unsafe code only where it is unavoidable, each block with its SAFETY
+// comment: adopting the PMI socket a process manager hands over by number,
+// and a persistent plan's loans of (and copies within) the buffers it owns.
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 
