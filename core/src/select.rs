@@ -80,13 +80,21 @@ pub(crate) fn open(boot: &mut Bootstrap) -> Result<Transport> {
     }
     // Every rank is on this host: shared memory.
     let cfg = ShmConfig::from_env(&boot.job_id(), boot.rank(), boot.size())?;
+    let own_file = fmx_shm::segment_path(&cfg.dir, &cfg.job, cfg.rank);
     let setup = ShmSetup::create(cfg)?;
-    let addresses = boot.allgather(&setup.address())?;
-    let mut ep = setup.connect(&addresses)?;
-    // Everyone has mapped everyone's segment: the files can go.
-    boot.barrier()?;
-    ep.unlink();
-    Ok(Transport::Shm(ep))
+    let connected = (|| {
+        let addresses = boot.allgather(&setup.address())?;
+        let mut ep = setup.connect(&addresses)?;
+        // Everyone has mapped everyone's segment: the files can go.
+        boot.barrier()?;
+        ep.unlink();
+        Ok(Transport::Shm(ep))
+    })();
+    if connected.is_err() {
+        // A launcher other than fmxrun will not sweep /dev/shm after us.
+        let _ = std::fs::remove_file(&own_file);
+    }
+    connected
 }
 
 fn distinct(nodes: &[u32]) -> usize {

@@ -221,6 +221,12 @@ pub fn example_7_4(w: &Comm) -> R {
     if got != want {
         return Err(format!("neighbor_alltoall: {got:?}, expected {want:?}"));
     }
+    let mut plan = g.neighbor_alltoall_plan::<u32>(2).map_err(e2s)?;
+    plan.send_mut().map_err(e2s)?.copy_from_slice(&send);
+    plan.run().map_err(e2s)?;
+    if plan.recv().map_err(e2s)? != want {
+        return Err(format!("neighbor_alltoall_plan: {:?}, expected {want:?}", plan.recv()));
+    }
     nonblocking_and_persistent(&g, &ins, &outs)?;
     // alltoallw: u16 on even out-edges, u64 on odd ones (receivers know by the edge id).
     let elem = |id: u32| if id % 2 == 0 { 2usize } else { 8 };

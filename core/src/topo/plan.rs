@@ -74,6 +74,12 @@ pub struct NeighborPlan<'g, T: Pod> {
 }
 
 impl DistGraphComm {
+    /// A persistent `neighbor_alltoall`: `count` elements along every edge.
+    pub fn neighbor_alltoall_plan<T: Pod>(&self, count: usize) -> Result<NeighborPlan<'_, T>> {
+        let (indeg, outdeg, _) = self.neighbors_count();
+        self.neighbor_alltoallv_plan(&vec![count; outdeg], &vec![count; indeg])
+    }
+
     /// A persistent `neighbor_alltoallv` with `scounts[j]` elements along
     /// out-edge j and `rcounts[i]` from in-edge i, blocks packed in edge
     /// order in the plan's registered buffers. Not collective: every rank

@@ -39,5 +39,8 @@ pub(crate) fn inherited_socket(var: &str) -> Result<UnixStream> {
     // alone, and `init` runs once per process (guarded by INITIALIZED), so no
     // other owner of this descriptor exists and none will be created.
     let owned = unsafe { OwnedFd::from_raw_fd(fd) };
+    // Programs that exec children must not hand them our PMI connection.
+    rustix::io::fcntl_setfd(&owned, rustix::io::FdFlags::CLOEXEC)
+        .map_err(|e| Error::Bootstrap(format!("{var}={fd}: marking the PMI socket close-on-exec: {e}")))?;
     Ok(UnixStream::from(owned))
 }
