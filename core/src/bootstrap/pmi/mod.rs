@@ -224,11 +224,7 @@ impl Client {
     /// every rank on one node when the manager publishes none.
     fn process_mapping(&mut self) -> Result<Vec<u32>> {
         let value = match self.version {
-            Version::V1 => {
-                let r =
-                    self.request(&Msg::new("get").with("kvsname", self.job.clone()).with("key", "PMI_process_mapping"), "get_result")?;
-                r.get("value").filter(|_| r.get("rc") == Some("0")).map(str::to_string)
-            }
+            Version::V1 => self.lookup(None, "PMI_process_mapping")?,
             Version::V2 => {
                 let r = self.call(&Msg::new("info-getjobattr").with("key", "PMI_process_mapping"), "info-getjobattr-response")?;
                 r.get("value").filter(|_| r.get("found") == Some("TRUE")).map(str::to_string)
@@ -335,29 +331,29 @@ impl Client {
     }
 
     fn get(&mut self, rank: u32, key: &str) -> Result<String> {
-        let found = match self.version {
-            Version::V1 => {
-                let r = self.request(&Msg::new("get").with("kvsname", self.job.clone()).with("key", key), "get_result")?;
-                r.get("value").filter(|_| r.get("rc") == Some("0")).map(str::to_string)
-            }
-            Version::V2 => {
-                let m = Msg::new("kvs-get").with("jobid", self.job.clone()).with("srcid", rank).with("key", key);
-                let r = self.call(&m, "kvs-get-response")?;
-                r.get("value").filter(|_| r.get("found") == Some("TRUE")).map(str::to_string)
-            }
-        };
-        found.ok_or_else(|| Error::Bootstrap(format!("key {key} of rank {rank} is missing from the PMI key-value space after the fence")))
+        self.lookup(Some(rank), key)?
+            .ok_or_else(|| Error::Bootstrap(format!("key {key} of rank {rank} is missing from the PMI key-value space after the fence")))
     }
 
     /// A value the spawning world left for us (`SpawnRequest::values`).
     pub(crate) fn parent_value(&mut self, key: &str) -> Result<Option<String>> {
+        self.lookup(None, key)
+    }
+
+    /// The value of `key` in our key-value space (`None` if absent); `put_by`
+    /// is the rank that put it, a hint PMI-2 passes on.
+    fn lookup(&mut self, put_by: Option<u32>, key: &str) -> Result<Option<String>> {
         match self.version {
             Version::V1 => {
                 let r = self.request(&Msg::new("get").with("kvsname", self.job.clone()).with("key", key), "get_result")?;
                 Ok(r.get("value").filter(|_| r.get("rc") == Some("0")).map(str::to_string))
             }
             Version::V2 => {
-                let r = self.call(&Msg::new("kvs-get").with("jobid", self.job.clone()).with("key", key), "kvs-get-response")?;
+                let mut m = Msg::new("kvs-get").with("jobid", self.job.clone());
+                if let Some(r) = put_by {
+                    m = m.with("srcid", r);
+                }
+                let r = self.call(&m.with("key", key), "kvs-get-response")?;
                 Ok(r.get("value").filter(|_| r.get("found") == Some("TRUE")).map(str::to_string))
             }
         }
