@@ -174,6 +174,15 @@ impl Endpoint for Transport {
     fn receive_memory(&self) -> ReceiveMemory {
         dispatch!(self, ep => ep.receive_memory())
     }
+    fn publish_receive_shares(&mut self, weights: &[u64]) -> Result<bool, TransportError> {
+        dispatch!(self, ep => ep.publish_receive_shares(weights))
+    }
+    fn adopt_receive_shares(&mut self) {
+        dispatch!(self, ep => ep.adopt_receive_shares());
+    }
+    fn settle_receive_shares(&mut self) -> bool {
+        dispatch!(self, ep => ep.settle_receive_shares())
+    }
     fn register_owned(&mut self, region: &[u8]) -> Result<(), TransportError> {
         dispatch!(self, ep => ep.register_owned(region))
     }

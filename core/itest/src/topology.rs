@@ -534,3 +534,99 @@ pub fn reorder(w: &Comm) -> R {
     }
     Ok(())
 }
+
+/// Eager pools sized by the torus (Example 7.4 on every rank): the resident
+/// eager memory shrinks, and traffic of every kind still arrives intact,
+/// including between processes that are not neighbours (one-slot windows).
+pub fn sized_credits(fmx: &fmx::Fmx) -> R {
+    let w = fmx.world();
+    let (n, me) = (w.size(), w.rank());
+    let before = fmx.receive_memory();
+    let (d, wt, _) = fmx_bench::neighbor::torus(me, n);
+    let g = w.dist_graph_create(&[me], &[8], &d, Weights::Values(&wt), &Info::new(), Reorder::No).map_err(e2s)?;
+    let after = fmx.receive_memory();
+    println!("POOL rank {me} eager resident before {} after {} bytes", before.eager_resident, after.eager_resident);
+    // From 8 ranks some processes are not neighbours (on 4, all are, with equal weights).
+    let shrinks = w.transport_name() == "shm" && n >= 8;
+    if after.eager_resident > before.eager_resident || (shrinks && after.eager_resident >= before.eager_resident) {
+        return Err(format!("eager memory went from {} to {} bytes", before.eager_resident, after.eager_resident));
+    }
+    let (indeg, outdeg, _) = g.neighbors_count();
+    let nb = g.neighbors(indeg, outdeg);
+    // Neighbour exchanges, eager (a plan) and rendezvous (64 KiB blocks).
+    for k in [512usize, 8192] {
+        let mut plan = g.neighbor_alltoall_plan::<u64>(k).map_err(e2s)?;
+        for round in 0..20u64 {
+            for j in 0..outdeg {
+                let v = u64::from(me) << 32 | round << 16 | j as u64;
+                plan.send_block_mut(j).map_err(e2s)?.fill(v);
+            }
+            plan.run().map_err(e2s)?;
+            for i in 0..indeg {
+                let got = plan.recv_block(i).map_err(e2s)?;
+                if got.iter().any(|&x| x >> 32 != u64::from(nb.sources[i]) || (x >> 16) & 0xffff != round) {
+                    return Err(format!("k={k} round {round}: in-edge {i} from {} got {:#x}", nb.sources[i], got[0]));
+                }
+            }
+        }
+    }
+    // Every pair, neighbours or not: a world alltoall and a burst of eager messages.
+    let block = 256usize;
+    let send: Vec<u32> = (0..n).flat_map(|r| (0..block as u32).map(move |t| me << 20 | r << 10 | t)).collect();
+    let mut recv = vec![0u32; send.len()];
+    for _ in 0..10 {
+        w.alltoall(&send, &mut recv).map_err(e2s)?;
+        for r in 0..n as usize {
+            if recv[r * block] != (r as u32) << 20 | me << 10 {
+                return Err(format!("alltoall block from {r}: {:#x}", recv[r * block]));
+            }
+        }
+    }
+    // One direction only, from rank 0 to a rank it has no edge to (a one-slot
+    // window there): credits must come back without reverse traffic.
+    if let Some(t) = (1..n).find(|r| !fmx_bench::neighbor::torus(0, n).0.contains(r)) {
+        let payload = [7u8; 512];
+        let mut inbox = [0u8; 512];
+        for i in 0..100 {
+            if me == 0 {
+                w.send(&payload, t, 5).map_err(|e| format!("one-way message {i} to {t}: {e}"))?;
+            } else if me == t {
+                w.recv(&mut inbox, 0, 5).map_err(e2s)?;
+                if inbox != payload {
+                    return Err(format!("one-way message {i} differs"));
+                }
+            }
+        }
+    }
+    w.barrier().map_err(e2s)?;
+    let msgs = 50usize;
+    let out: Vec<Vec<u8>> = (0..n).map(|r| (0..1024).map(|i| (me as usize * 7 + r as usize * 13 + i) as u8).collect()).collect();
+    let mut inbox: Vec<Vec<u8>> = (0..n as usize * msgs).map(|_| vec![0u8; 1024]).collect();
+    w.scope(|s| {
+        let mut slots = inbox.iter_mut();
+        for src in (0..n).filter(|&r| r != me) {
+            for _ in 0..msgs {
+                let b = slots.next().expect("a slot per message");
+                let _ = s.irecv(&mut b[..], src, 9)?;
+            }
+        }
+        for dst in (0..n).filter(|&r| r != me) {
+            for _ in 0..msgs {
+                let _ = s.isend(&out[dst as usize][..], dst, 9)?;
+            }
+        }
+        Ok(())
+    })
+    .map_err(e2s)?;
+    let mut k = 0;
+    for src in (0..n).filter(|&r| r != me) {
+        for _ in 0..msgs {
+            let want: Vec<u8> = (0..1024).map(|i| (src as usize * 7 + me as usize * 13 + i) as u8).collect();
+            if inbox[k] != want {
+                return Err(format!("burst message from {src} differs"));
+            }
+            k += 1;
+        }
+    }
+    Ok(())
+}

@@ -232,3 +232,12 @@ fn dist_graph_reorder_keeps_pinned_ranks_lowers_the_cut_and_preserves_exchanges(
         assert!(o.lines.iter().any(|(_, _, l)| l.starts_with("REORDER cut before")), "no cost line:\n{}", dump(&o));
     }
 }
+
+#[test]
+fn dist_graph_sizes_eager_pools_by_in_neighbours_and_traffic_still_flows() {
+    for np in [4, 8] {
+        let o = run_ok(np, "graph-credits");
+        let pools = o.lines.iter().filter(|(_, _, l)| l.starts_with("POOL rank")).count();
+        assert_eq!(pools, np as usize, "every rank reports its pool:\n{}", dump(&o));
+    }
+}

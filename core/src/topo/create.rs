@@ -153,6 +153,7 @@ impl Comm {
         grouped: bool,
         resort: bool,
     ) -> Result<DistGraphComm> {
+        self.size_credits(&ins, weighted, info)?;
         let Some((perm, cost)) = self.reorder_ranks(op, reorder == Reorder::Allowed, &outs, info)? else {
             return Ok(DistGraphComm { comm: self.dup()?, ins, outs, weighted, grouped, cost: None });
         };
@@ -168,6 +169,57 @@ impl Comm {
             outs.sort_by_key(|e| e.0);
         }
         Ok(DistGraphComm { comm, ins, outs, weighted, grouped, cost: Some(cost) })
+    }
+
+    /// Sizes senders' shares of our eager pool by our in-edges (FM's credits
+    /// meeting the declared topology), when the graph spans every process and
+    /// `fmx_size_credits` is not false: each process publishes, all agree the
+    /// transport could, a barrier, then everyone adopts the shares granted to it.
+    fn size_credits(&self, ins: &[(u32, u32)], weighted: bool, info: &Info) -> Result<()> {
+        let world = self.world_to_comm.len();
+        if self.size() as usize != world || info.get("fmx_size_credits") == Some("false") {
+            return Ok(());
+        }
+        let me = self.members[self.rank() as usize];
+        let mut weights = vec![0u64; world];
+        for &(s, w) in ins {
+            let ws = self.members[s as usize];
+            if ws != me {
+                weights[ws as usize] += if weighted { u64::from(w).max(1) } else { 1 };
+            }
+        }
+        use fmx_transport::Endpoint;
+        let ok = self.sh.engine.borrow_mut().tp.publish_receive_shares(&weights)?;
+        let mut all = [0u32];
+        self.allreduce(&[u32::from(ok)], &mut all, Op::Min)?;
+        if all[0] == 0 {
+            return Ok(());
+        }
+        self.barrier()?;
+        self.sh.engine.borrow_mut().tp.adopt_receive_shares();
+        // Every sender switches its windows now rather than at its next send,
+        // so the memory goes back at once: each waits until the receivers have
+        // released what it sent, and everyone polls meanwhile.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+        loop {
+            let mut e = self.sh.engine.borrow_mut();
+            if !e.tp.settle_receive_shares() {
+                break;
+            }
+            e.progress(&mut self.sh.lend.borrow_mut())?;
+            drop(e);
+            if std::time::Instant::now() > deadline {
+                return Err(Error::InvalidGraph {
+                    op: "dist_graph_create",
+                    detail: "sizing eager pools: a peer did not release its messages within 120 s".into(),
+                });
+            }
+            std::thread::yield_now();
+        }
+        // Everyone switched; one more look makes each receiver follow.
+        self.barrier()?;
+        self.sh.engine.borrow_mut().progress(&mut self.sh.lend.borrow_mut())?;
+        Ok(())
     }
 
     /// One allgather of (flags, info digest): every rank learns whether any

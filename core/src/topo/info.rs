@@ -19,6 +19,12 @@ impl Info {
              weights (one extra exchange); false skips the check",
         ),
         (
+            "fmx_size_credits",
+            "true (default) | false: when the graph spans every process, each process sizes senders' shares of its eager \
+             pool by its in-edges (weights set the share; other senders keep a one-slot window) and gives the rest of \
+             the pool back to the system",
+        ),
+        (
             "fmx_reorder_group",
             "a positive number K: for reordering, ranks 0..K, K..2K, ... are one place each (say, the cores of a socket); \
              default: the hosts the launcher reports",
@@ -49,6 +55,10 @@ impl Info {
             match k.as_str() {
                 "fmx_check_adjacent" if v == "true" || v == "false" => {}
                 "fmx_reorder_group" if v.parse::<u32>().is_ok_and(|k| k > 0) => {}
+                "fmx_size_credits" if v == "true" || v == "false" => {}
+                "fmx_size_credits" => {
+                    return Err(Error::InvalidGraph { op, detail: format!("info fmx_size_credits={v:?}: expected true or false") })
+                }
                 "fmx_reorder_group" => {
                     return Err(Error::InvalidGraph {
                         op,

@@ -116,6 +116,12 @@ pub struct PeerCredits {
     lower: bool,
     /// Reallocation granted the peer more than it has been told.
     announce: bool,
+    /// Data credits still owed back after our window toward the peer shrank
+    /// (see [`PeerCredits::resize`]): returns pay it off before they count.
+    debt: u32,
+    /// The peer's window in our pool when it shrank below the slice (0: the
+    /// slice): returns are due at half of it, or they would never come.
+    window: u32,
 }
 
 impl PeerCredits {
@@ -139,6 +145,8 @@ impl PeerCredits {
             heard: false,
             lower,
             announce: false,
+            debt: 0,
+            window: 0,
         }
     }
 
@@ -207,7 +215,9 @@ impl PeerCredits {
     pub fn on_credit(&mut self, data_total: u16, ctrl_total: u8) {
         let d = data_total.wrapping_sub(self.seen_data);
         if d != 0 && d < 0x8000 {
-            self.data += u32::from(d);
+            let pay = u32::from(d).min(self.debt);
+            self.debt -= pay;
+            self.data += u32::from(d) - pay;
             self.seen_data = data_total;
         }
         let c = ctrl_total.wrapping_sub(self.seen_ctrl);
@@ -232,7 +242,15 @@ impl PeerCredits {
     /// what lets it send to us).
     #[inline]
     pub fn wants_explicit(&self, cfg: &CreditConfig) -> bool {
-        (self.heard || self.announce) && (self.owed_data >= cfg.threshold || self.owed_ctrl > 0 || (self.announce && self.owed_data > 0))
+        let threshold = if self.window > 0 { cfg.threshold.min(self.window.div_ceil(2)) } else { cfg.threshold };
+        (self.heard || self.announce) && (self.owed_data >= threshold || self.owed_ctrl > 0 || (self.announce && self.owed_data > 0))
+    }
+
+    /// The peer now writes at most `window` slots of our pool: explicit
+    /// returns fall due at half of it (a threshold above the window would
+    /// leave the peer waiting forever).
+    pub fn set_peer_window(&mut self, window: u32) {
+        self.window = window.max(1);
     }
 
     /// Grants the peer the rest of its slice ("no one else will join").
@@ -243,6 +261,30 @@ impl PeerCredits {
         self.owed_data += add;
         self.announce = add > 0;
         add
+    }
+
+    /// Our data window toward the peer changes from `old` to `new` slots (the
+    /// receiver resized our share of its pool). Credits we hold shrink with it;
+    /// what the window lost beyond them becomes a debt that the next returns
+    /// pay off, so held + in flight never exceeds `new`.
+    pub fn resize(&mut self, old: u32, new: u32) {
+        if new >= old {
+            let grow = new - old;
+            let pay = grow.min(self.debt);
+            self.debt -= pay;
+            self.data += grow - pay;
+        } else {
+            let cut = old - new;
+            let take = cut.min(self.data);
+            self.data -= take;
+            self.debt += cut - take;
+        }
+    }
+
+    /// Returns everything owed to the peer at the next chance, below the
+    /// threshold too (the peer waits for it after resizing its window).
+    pub fn flush(&mut self) {
+        self.announce = true;
     }
 
     /// Whether the rule lets us send data to the peer.
@@ -273,3 +315,37 @@ impl PeerCredits {
 
 #[cfg(test)]
 mod model;
+
+#[cfg(test)]
+mod resize_tests {
+    use super::*;
+
+    #[test]
+    fn a_shrunk_window_is_repaid_from_returns_before_credits_count() {
+        let cfg = CreditConfig::for_pool(8, 1, 8, None).unwrap();
+        let mut c = PeerCredits::new(&cfg, true);
+        assert_eq!(c.data_credits(), 8);
+        for _ in 0..5 {
+            assert_eq!(c.try_take(Class::Data), Gate::Go);
+        }
+        // 3 held, 5 in flight; the window becomes 2: 3 held go, 3 more are owed.
+        c.resize(8, 2);
+        assert_eq!(c.data_credits(), 0);
+        // The peer returns the 5: 3 repay the debt, 2 are usable: held + in flight = 2.
+        c.on_credit(8 + 5, 0);
+        assert_eq!(c.data_credits(), 2);
+        c.resize(2, 4);
+        assert_eq!(c.data_credits(), 4);
+    }
+
+    #[test]
+    fn returns_fall_due_within_a_small_window() {
+        let cfg = CreditConfig::for_pool(16, 1, 16, None).unwrap();
+        let mut c = PeerCredits::new(&cfg, false);
+        c.on_receive(0, 0);
+        c.on_release(Class::Data);
+        assert!(!c.wants_explicit(&cfg), "one owed credit is below the slice's threshold");
+        c.set_peer_window(1);
+        assert!(c.wants_explicit(&cfg), "with a one-slot window it is due at once");
+    }
+}

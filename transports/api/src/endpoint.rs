@@ -31,6 +31,10 @@ pub struct ReceiveMemory {
     pub control: usize,
     /// Slots for messages to ourselves.
     pub own: usize,
+    /// Eager slot bytes that senders may fill now: the pool, or after
+    /// [`Endpoint::publish_receive_shares`] only the senders' shares (the rest
+    /// was given back to the system).
+    pub eager_resident: usize,
 }
 
 /// Whether a one-sided operation finished inside the call.
@@ -172,6 +176,27 @@ pub trait Endpoint: Send {
 
     /// Where our receive memory goes.
     fn receive_memory(&self) -> ReceiveMemory;
+
+    /// Sizes each sender's share of our eager pool by `weights[sender]`
+    /// (relative; 0 for a sender we expect little from, which keeps a
+    /// one-slot window) and gives the rest back to the system once senders
+    /// have adopted their shares. Returns false when this transport cannot
+    /// resize (nothing changes). Every process publishes, then (after a
+    /// barrier) calls [`Endpoint::adopt_receive_shares`].
+    fn publish_receive_shares(&mut self, weights: &[u64]) -> Result<bool, TransportError> {
+        let _ = weights;
+        Ok(false)
+    }
+
+    /// Starts using the shares the peers published for us (each sender
+    /// switches its window once the peer has released all it sent).
+    fn adopt_receive_shares(&mut self) {}
+
+    /// Switches every window it can now; true while some still wait for the
+    /// peer to release what we sent (keep polling).
+    fn settle_receive_shares(&mut self) -> bool {
+        false
+    }
 
     /// Registers memory the caller owns and keeps until
     /// [`Endpoint::deregister_owned`] (a registered buffer): operations on it

@@ -7,7 +7,7 @@ use fmx_transport::credit::{Class, CreditConfig, Gate, PeerCredits};
 use fmx_transport::{Endpoint, MsgHeader, MsgKind, OpStatus, PeerId, PeerState, ReceiveMemory, RemoteKey, SendOutcome, TransportError};
 
 use crate::cma;
-use crate::layout::{state, Layout, CTRL_SLOTS, OWN_SLOTS};
+use crate::layout::{state, Layout, CTRL_SLOTS, OWN_SLOTS, RELEASED_WORD, SWITCH_WORD};
 use crate::ring::{RxRing, TxRing};
 use crate::segment::{segment_path, shm_dir, validate_job_id, Segment};
 use fmx_transport::liveness::PeerWatch;
@@ -146,6 +146,8 @@ impl ShmSetup {
             own,
             poll_from: 0,
             unlinked: false,
+            window_in: vec![credit.slice; cfg.size as usize],
+            pending_out: vec![None; cfg.size as usize],
         })
     }
 }
@@ -174,6 +176,10 @@ pub struct ShmEndpoint {
     watches: Vec<PeerWatch>,
     poll_from: u32,
     unlinked: bool,
+    /// Each sender's window in our pool as it last switched (the slice until then).
+    window_in: Vec<u32>,
+    /// A window toward a peer that we switch to once the peer released all we sent.
+    pending_out: Vec<Option<u32>>,
 }
 
 fn class_of(kind: MsgKind) -> Class {
@@ -230,6 +236,44 @@ impl ShmEndpoint {
         }
     }
 
+    /// Switches our data window toward `peer` if one is pending and the peer
+    /// has released every message we sent it; false while it has not.
+    fn switch_ready(&mut self, peer: PeerId) -> bool {
+        let p = peer as usize;
+        let Some(m) = self.pending_out[p] else { return true };
+        let seg = self.peers[p].as_ref().expect("a peer's segment");
+        let released = seg.u64_at(self.layout.grant(self.rank) + RELEASED_WORD).load(Ordering::Acquire);
+        if released != self.tx_data[p].sent() {
+            return false;
+        }
+        let old = self.tx_data[p].window();
+        let word = self.tx_data[p].switch_to(m);
+        // Published before the first message placed by the new window.
+        seg.u64_at(self.layout.mailbox(self.rank) + SWITCH_WORD).store(word, Ordering::Release);
+        self.credits[p].resize(old, self.tx_data[p].window());
+        self.pending_out[p] = None;
+        true
+    }
+
+    /// Follows a window switch `peer` published: reads its messages by the new
+    /// window, gives the slots beyond it back to the system, returns what we owe.
+    fn follow_switch(&mut self, peer: PeerId) {
+        let p = peer as usize;
+        let word = self.own.u64_at(self.layout.mailbox(peer) + SWITCH_WORD).load(Ordering::Acquire);
+        if word == 0 {
+            return;
+        }
+        if let Some(m) = self.rx_data[p].follow(word) {
+            self.window_in[p] = m;
+            let ring = self.rx_data[p].ring();
+            self.own.release_range(ring.base + m as usize * ring.slot_bytes, (ring.slots - m.min(ring.slots)) as usize * ring.slot_bytes);
+            // The peer counts on our returns to pay for the window it lost.
+            self.credits[p].set_peer_window(m);
+            self.credits[p].flush();
+            self.explicit_due = true;
+        }
+    }
+
     /// Applies the totals that `peer` left in our mailbox for it.
     fn read_mailbox(&mut self, peer: PeerId) {
         let v = self.own.u64_at(self.layout.mailbox(peer)).load(Ordering::Acquire);
@@ -274,6 +318,10 @@ impl Endpoint for ShmEndpoint {
             self.tx_data[p].write(&self.own, header, payload);
             return Ok(SendOutcome::Sent);
         }
+        if class == Class::Data && !self.switch_ready(peer) {
+            self.read_mailbox(peer);
+            return Ok(SendOutcome::Backpressure);
+        }
         let mut gate = self.credits[p].try_take(class);
         if gate == Gate::Backpressure {
             // Out of credits: look whether the peer returned some explicitly.
@@ -301,6 +349,9 @@ impl Endpoint for ShmEndpoint {
         if peer == self.rank {
             return if self.own_credits > 0 { SendOutcome::Sent } else { SendOutcome::Backpressure };
         }
+        if !self.switch_ready(peer) {
+            return SendOutcome::Backpressure;
+        }
         if self.credits[peer as usize].peek(Class::Data) == Gate::Backpressure {
             self.read_mailbox(peer);
         }
@@ -322,6 +373,9 @@ impl Endpoint for ShmEndpoint {
             let peer = (self.poll_from + k) % size;
             let p = peer as usize;
             let own_ring = peer == self.rank;
+            if !own_ring {
+                self.follow_switch(peer);
+            }
             for class in [Class::Ctrl, Class::Data] {
                 if own_ring && class == Class::Ctrl {
                     continue;
@@ -346,6 +400,11 @@ impl Endpoint for ShmEndpoint {
                     if own_ring {
                         self.own_credits += 1;
                     } else {
+                        if class == Class::Data {
+                            // What a sender switching its window waits for.
+                            let released = ring.released();
+                            self.own.u64_at(self.layout.grant(peer) + RELEASED_WORD).store(released, Ordering::Release);
+                        }
                         self.credits[p].on_release(class);
                         self.explicit_due = true;
                     }
@@ -423,6 +482,46 @@ impl Endpoint for ShmEndpoint {
             per_peer: l.slice() as usize * l.slot_bytes,
             control: l.ctrl_bytes(),
             own: OWN_SLOTS as usize * l.slot_bytes,
+            eager_resident: (0..self.size).filter(|&s| s != self.rank).map(|s| self.window_in[s as usize] as usize * l.slot_bytes).sum(),
+        }
+    }
+
+    fn publish_receive_shares(&mut self, weights: &[u64]) -> Result<bool, TransportError> {
+        if !self.reallocated || weights.len() != self.size as usize {
+            return Ok(false);
+        }
+        let slice = self.credit.slice;
+        let heaviest = (0..self.size).filter(|&s| s != self.rank).map(|s| weights[s as usize]).max().unwrap_or(0);
+        for s in (0..self.size).filter(|&s| s != self.rank) {
+            let w = weights[s as usize];
+            // In-neighbours by weight (at least 2 slots, so one can be in flight
+            // while the next is written); everyone else a one-slot window.
+            let m = if w == 0 || heaviest == 0 {
+                1
+            } else {
+                (u64::from(slice) * w).div_ceil(heaviest).clamp(u64::from(2.min(slice)), u64::from(slice)) as u32
+            };
+            self.own.u64_at(self.layout.grant(s)).store(u64::from(m), Ordering::Release);
+        }
+        Ok(true)
+    }
+
+    fn settle_receive_shares(&mut self) -> bool {
+        let (me, size) = (self.rank, self.size);
+        let mut waiting = false;
+        for r in (0..size).filter(|&r| r != me) {
+            waiting |= !self.switch_ready(r);
+        }
+        waiting
+    }
+
+    fn adopt_receive_shares(&mut self) {
+        for r in (0..self.size).filter(|&r| r != self.rank) {
+            let seg = self.peers[r as usize].as_ref().expect("a peer's segment");
+            let m = seg.u64_at(self.layout.grant(self.rank)).load(Ordering::Acquire) as u32;
+            if m > 0 && m != self.tx_data[r as usize].window() {
+                self.pending_out[r as usize] = Some(m);
+            }
         }
     }
 

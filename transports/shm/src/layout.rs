@@ -11,7 +11,11 @@
 //!           eager pool: `pool` slots; peer k (the k-th other rank) owns slots [k·S, (k+1)·S),
 //!           S = pool / (size − 1); the remainder is never used
 //!           control reserve: CTRL_SLOTS slots of CTRL_SLOT_BYTES per sender
-//!           credit mailboxes: one cache line per sender (cumulative credit totals)
+//!           credit mailboxes: one cache line per sender, written by the sender:
+//!             [0] cumulative credit totals, [8] window switch (see `ring`)
+//!           grant lines: one cache line per sender, written by the owner:
+//!             [0] the sender's share of the pool (slots; 0 = the whole slice),
+//!             [8] messages of the sender released so far
 //! ```
 //! A slot: `[seq: u64][header: 32 B][payload...]`. The sender writes header and
 //! payload, then `seq = message index + 1` with release ordering; the receiver
@@ -20,10 +24,10 @@
 
 use fmx_transport::HEADER_BYTES;
 
-/// "FMXSHM02".
-pub const MAGIC: u64 = u64::from_le_bytes(*b"FMXSHM02");
+/// "FMXSHM03".
+pub const MAGIC: u64 = u64::from_le_bytes(*b"FMXSHM03");
 /// Layout version.
-pub const VERSION: u32 = 2;
+pub const VERSION: u32 = 3;
 /// Offsets in the control block.
 pub mod ctl {
     /// Magic word.
@@ -62,6 +66,12 @@ pub const CTRL_SLOTS: u32 = 2;
 pub const CTRL_SLOT_BYTES: usize = 128;
 /// Bytes of one credit mailbox (a line each, so senders never share one).
 pub const MAILBOX_BYTES: usize = 64;
+/// Offset of the window-switch word in a mailbox.
+pub const SWITCH_WORD: usize = 8;
+/// Bytes of one grant line.
+pub const GRANT_BYTES: usize = 64;
+/// Offset of the released-count word in a grant line.
+pub const RELEASED_WORD: usize = 8;
 /// Bytes of the slot flag.
 pub const SEQ_BYTES: usize = 8;
 /// Payload offset inside a slot.
@@ -166,6 +176,15 @@ impl Layout {
         self.mailbox_base() + sender as usize * MAILBOX_BYTES
     }
 
+    fn grant_base(&self) -> usize {
+        self.mailbox_base() + self.size as usize * MAILBOX_BYTES
+    }
+
+    /// The grant line the owner keeps for `sender`.
+    pub fn grant(&self, sender: u32) -> usize {
+        self.grant_base() + sender as usize * GRANT_BYTES
+    }
+
     /// Bytes of the eager pool (`P × slot`), whatever the number of peers.
     pub fn pool_bytes(&self) -> usize {
         self.pool as usize * self.slot_bytes
@@ -178,7 +197,7 @@ impl Layout {
 
     /// Total bytes of the segment.
     pub fn segment_bytes(&self) -> usize {
-        self.mailbox_base() + self.size as usize * MAILBOX_BYTES
+        self.grant_base() + self.size as usize * GRANT_BYTES
     }
 }
 
@@ -206,6 +225,7 @@ mod tests {
             for s in 0..size {
                 spans.push((l.ctrl_ring(s).base, l.ctrl_ring(s).bytes()));
                 spans.push((l.mailbox(s), MAILBOX_BYTES));
+                spans.push((l.grant(s), GRANT_BYTES));
             }
             spans.retain(|s| s.1 > 0);
             spans.sort_unstable();

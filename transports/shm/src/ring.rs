@@ -3,6 +3,13 @@
 //! The ring itself knows nothing of credits: the sender writes slot
 //! `sent % slots` only while it holds a credit for it, which the receiver
 //! returned after releasing that slot (see `fmx_transport::credit`).
+//!
+//! **Window switch.** A ring can shrink to its first `m` slots: the sender
+//! switches only when the receiver has released every message it sent (`x`
+//! of them), publishes `(x, m)` before writing message `x + 1`, and from then
+//! on message index `i >= x` lives in slot `(i - x) % m`. The receiver reads
+//! the switch word before each look at the next slot, so both sides place
+//! every message alike; slots `m..` are never touched again.
 
 use std::sync::atomic::Ordering;
 
@@ -16,12 +23,44 @@ use crate::segment::Segment;
 pub struct TxRing {
     ring: Ring,
     sent: u64,
+    switch: Option<(u64, u32)>,
+}
+
+/// Offset of message `index` in `ring`, given a window switch `(x, m)`.
+#[inline]
+fn slot_of(ring: &Ring, switch: Option<(u64, u32)>, index: u64) -> usize {
+    match switch {
+        Some((x, m)) if index >= x => ring.base + ((index - x) % u64::from(m)) as usize * ring.slot_bytes,
+        _ => ring.slot(index),
+    }
+}
+
+/// The switch word: `x` in the low 48 bits, `m` above (0: no switch).
+pub fn switch_word(x: u64, m: u32) -> u64 {
+    (x & ((1 << 48) - 1)) | (u64::from(m) << 48)
+}
+
+fn unpack_switch(w: u64) -> Option<(u64, u32)> {
+    (w != 0).then(|| (w & ((1 << 48) - 1), (w >> 48) as u32))
 }
 
 impl TxRing {
     /// Writes into `ring` of the receiver's segment.
     pub fn new(ring: Ring) -> Self {
-        Self { ring, sent: 0 }
+        Self { ring, sent: 0, switch: None }
+    }
+
+    /// From the next message on, use only the first `m` slots (the receiver
+    /// has released everything sent so far). Returns the switch word to publish.
+    pub fn switch_to(&mut self, m: u32) -> u64 {
+        let m = m.clamp(1, self.ring.slots);
+        self.switch = Some((self.sent, m));
+        switch_word(self.sent, m)
+    }
+
+    /// Slots the sender may use now.
+    pub fn window(&self) -> u32 {
+        self.switch.map_or(self.ring.slots, |s| s.1)
     }
 
     /// Messages sent so far.
@@ -39,7 +78,7 @@ impl TxRing {
     #[inline]
     pub fn write(&mut self, rx: &Segment, header: &MsgHeader, payload: &[u8]) {
         assert!(payload.len() <= self.ring.max_payload(), "payload of {} bytes in a slot of {}", payload.len(), self.ring.max_payload());
-        let off = self.ring.slot(self.sent);
+        let off = slot_of(&self.ring, self.switch, self.sent);
         assert!(off + self.ring.slot_bytes <= rx.len(), "slot outside the segment");
         let mut h = [0u8; HEADER_BYTES];
         header.encode(&mut h);
@@ -63,6 +102,7 @@ impl TxRing {
 pub struct RxRing {
     ring: Ring,
     next: u64,
+    switch: Option<(u64, u32)>,
 }
 
 /// A message still in its slot.
@@ -76,7 +116,23 @@ pub struct Slot<'a> {
 impl RxRing {
     /// Reads `ring` of our own segment.
     pub fn new(ring: Ring) -> Self {
-        Self { ring, next: 0 }
+        Self { ring, next: 0, switch: None }
+    }
+
+    /// Applies the sender's switch word; returns the new window `m` when it
+    /// changed (the caller may then give slots `m..` back to the system).
+    pub fn follow(&mut self, word: u64) -> Option<u32> {
+        let s = unpack_switch(word)?;
+        if Some(s) == self.switch {
+            return None;
+        }
+        self.switch = Some(s);
+        Some(s.1)
+    }
+
+    /// The ring this reader reads.
+    pub fn ring(&self) -> Ring {
+        self.ring
     }
 
     /// Messages released so far.
@@ -87,7 +143,7 @@ impl RxRing {
     /// The next message, if the sender has published it.
     #[inline]
     pub fn peek<'a>(&'a self, own: &'a Segment) -> Option<Slot<'a>> {
-        let off = self.ring.slot(self.next);
+        let off = slot_of(&self.ring, self.switch, self.next);
         if own.u64_at(off).load(Ordering::Acquire) != self.next + 1 {
             return None;
         }

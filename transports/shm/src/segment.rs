@@ -160,6 +160,25 @@ impl Segment {
         self.map.as_ptr().cast_mut()
     }
 
+    /// Gives the whole pages inside `off..off + len` back to the system (the
+    /// file's pages are freed; they read as zeros if touched again). For slots
+    /// no sender will write and no reader will read any more.
+    pub fn release_range(&self, off: usize, len: usize) {
+        const PAGE: usize = 4096;
+        let start = off.next_multiple_of(PAGE);
+        let end = (off + len).min(self.map.len()) / PAGE * PAGE;
+        if start >= end {
+            return;
+        }
+        // SAFETY: MADV_REMOVE only frees (zeroes) the pages of this shared file
+        // mapping; the caller guarantees no process uses these bytes any more:
+        // they are slots beyond a sender's switched window (the sender never
+        // writes them again, the reader never reads them), and no Rust
+        // reference to them exists (slots are read through raw pointers only).
+        // A failure (e.g. a filesystem without hole punching) changes nothing.
+        let _ = unsafe { self.map.unchecked_advise_range(memmap2::UncheckedAdvice::Remove, start, end - start) };
+    }
+
     fn check(&self, off: usize, bytes: usize) {
         assert!(off % bytes == 0 && off + bytes <= self.map.len(), "segment offset {off} misaligned or out of bounds");
     }

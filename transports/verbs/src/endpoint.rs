@@ -1123,6 +1123,7 @@ impl Endpoint for VerbsEndpoint {
             per_peer: self.credit.slice as usize * self.slot_bytes,
             control: CTRL_SLOTS as usize * peers * self.slot_bytes,
             own: OWN_SLOTS * self.slot_bytes,
+            eager_resident: self.credit.slice as usize * peers * self.slot_bytes,
         }
     }
 

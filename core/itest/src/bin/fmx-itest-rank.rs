@@ -112,6 +112,7 @@ fn main() {
         "graph-random" => fmx_itest::topology::random_graphs(w),
         "graph-errors" => fmx_itest::topology::bad_graphs(w),
         "graph-reorder" => fmx_itest::topology::reorder(w),
+        "graph-credits" => fmx_itest::topology::sized_credits(&fmx),
         "spawn" => fmx_itest::launchers::spawn(&fmx, 3),
         "spawn-child" => fmx_itest::launchers::spawn_child(&fmx),
         "p2p-order" => p2p_order(w),
