@@ -442,6 +442,33 @@ fn nonblocking_and_persistent(g: &DistGraphComm, ins: &[Edge], outs: &[Edge]) ->
     if a2a != want || gathered != want_g {
         return Err(format!("overlapped ineighbor_alltoall/allgather: {a2a:?} {gathered:?}, expected {want:?} {want_g:?}"));
     }
+    // Persistent allgather(v) and alltoallw.
+    let mut ag = g.neighbor_allgather_plan::<u32>(2).map_err(e2s)?;
+    let mut agv = g.neighbor_allgatherv_plan::<u32>(1, &vec![1; ins.len()]).map_err(e2s)?;
+    let elem = |id: u32| if id % 2 == 0 { 2usize } else { 8 };
+    let sb: Vec<usize> = outs.iter().map(|e| elem(e.id)).collect();
+    let rb: Vec<usize> = ins.iter().map(|e| elem(e.id)).collect();
+    let mut aw = g.neighbor_alltoallw_plan(&sb, &rb).map_err(e2s)?;
+    for round in 0..3u32 {
+        ag.send_mut().map_err(e2s)?.copy_from_slice(&[me, me + 100 * round]);
+        agv.send_mut().map_err(e2s)?.copy_from_slice(&[me + round]);
+        for (j, e) in outs.iter().enumerate() {
+            aw.send_block_mut(j).map_err(e2s)?.copy_from_slice(&u64::from(e.id + round).to_le_bytes()[..elem(e.id)]);
+        }
+        ag.run().map_err(e2s)?;
+        agv.run().map_err(e2s)?;
+        aw.run().map_err(e2s)?;
+        for (i, e) in ins.iter().enumerate() {
+            let mut v = [0u8; 8];
+            v[..elem(e.id)].copy_from_slice(aw.recv_block(i).map_err(e2s)?);
+            if ag.recv_block(i).map_err(e2s)? != [e.s, e.s + 100 * round]
+                || agv.recv_block(i).map_err(e2s)? != [e.s + round]
+                || u64::from_le_bytes(v) != u64::from(e.id + round)
+            {
+                return Err(format!("persistent allgather/allgatherv/alltoallw round {round}: in-edge {i} from {}", e.s));
+            }
+        }
+    }
     let count = |id: u32| 1 + (id as usize * 7) % 5;
     let sc: Vec<usize> = outs.iter().map(|e| count(e.id)).collect();
     let rc: Vec<usize> = ins.iter().map(|e| count(e.id)).collect();

@@ -71,6 +71,9 @@ pub struct NeighborPlan<'g, T: Pod> {
     ids: Vec<ReqId>,
     lent: Vec<Lent>,
     in_flight: bool,
+    /// An allgather plan: the caller fills out-edge 0's block, `start` copies
+    /// it to the others.
+    replicate: bool,
 }
 
 impl DistGraphComm {
@@ -78,6 +81,29 @@ impl DistGraphComm {
     pub fn neighbor_alltoall_plan<T: Pod>(&self, count: usize) -> Result<NeighborPlan<'_, T>> {
         let (indeg, outdeg, _) = self.neighbors_count();
         self.neighbor_alltoallv_plan(&vec![count; outdeg], &vec![count; indeg])
+    }
+
+    /// A persistent `neighbor_allgather`: the caller fills one block of
+    /// `count` elements (`send_mut`), every out-edge carries it.
+    pub fn neighbor_allgather_plan<T: Pod>(&self, count: usize) -> Result<NeighborPlan<'_, T>> {
+        let indeg = self.neighbors_count().0;
+        self.neighbor_allgatherv_plan(count, &vec![count; indeg])
+    }
+
+    /// A persistent `neighbor_allgatherv`: one block of `count` elements to
+    /// every out-edge, `rcounts[i]` from in-edge i.
+    pub fn neighbor_allgatherv_plan<T: Pod>(&self, count: usize, rcounts: &[usize]) -> Result<NeighborPlan<'_, T>> {
+        let outdeg = self.neighbors_count().1;
+        let mut plan = self.neighbor_alltoallv_plan(&vec![count; outdeg], rcounts)?;
+        plan.replicate = true;
+        Ok(plan)
+    }
+
+    /// A persistent `neighbor_alltoallw` over bytes: `sbytes[j]` bytes along
+    /// out-edge j, `rbytes[i]` from in-edge i (per-edge element types are the
+    /// caller's to lay out in each block).
+    pub fn neighbor_alltoallw_plan(&self, sbytes: &[usize], rbytes: &[usize]) -> Result<NeighborPlan<'_, u8>> {
+        self.neighbor_alltoallv_plan(sbytes, rbytes)
     }
 
     /// A persistent `neighbor_alltoallv` with `scounts[j]` elements along
@@ -136,6 +162,7 @@ impl DistGraphComm {
             send: Some(send),
             recv: Some(recv),
             in_flight: false,
+            replicate: false,
         })
     }
 }
@@ -157,9 +184,14 @@ impl<T: Pod> NeighborPlan<'_, T> {
         }
     }
 
-    /// The whole send buffer (out-edge j's block at [`NeighborPlan::send_displs`]`[j]`).
+    /// The whole send buffer (out-edge j's block at [`NeighborPlan::send_displs`]`[j]`);
+    /// for an allgather plan, the one block every out-edge carries.
     pub fn send_mut(&mut self) -> Result<&mut [T]> {
         self.idle("NeighborPlan::send_mut")?;
+        if self.replicate {
+            let n = self.outs.first().map_or(0, |e| e.count);
+            return Ok(&mut self.send_buf()[..n]);
+        }
         Ok(self.send_buf())
     }
 
@@ -205,6 +237,14 @@ impl<T: Pod> NeighborPlan<'_, T> {
         self.idle(OP)?;
         let comm = &self.graph.comm;
         comm.sh.check_live(OP)?;
+        if self.replicate && self.outs.len() > 1 {
+            let n = self.outs[0].count;
+            let buf = self.send_buf();
+            let (first, rest) = buf.split_at_mut(n);
+            for block in rest.chunks_exact_mut(n.max(1)).take(if n == 0 { 0 } else { usize::MAX }) {
+                block.copy_from_slice(first);
+            }
+        }
         let elem = std::mem::size_of::<T>();
         // Every loan derives from one base pointer per buffer, taken once.
         let rbase: *mut u8 = self.recv_buf().as_mut_ptr().cast();
