@@ -2,6 +2,8 @@
 //! both fail on every rank when any rank's arguments are wrong (a rank that
 //! returned early would leave the others waiting in the next exchange).
 
+use fmx_transport::Endpoint;
+
 use super::{DistGraphComm, Info, Reorder, Weights};
 use crate::coll::Op;
 use crate::comm::Comm;
@@ -188,7 +190,6 @@ impl Comm {
                 weights[ws as usize] += if weighted { u64::from(w).max(1) } else { 1 };
             }
         }
-        use fmx_transport::Endpoint;
         let ok = self.sh.engine.borrow_mut().tp.publish_receive_shares(&weights)?;
         let mut all = [0u32];
         self.allreduce(&[u32::from(ok)], &mut all, Op::Min)?;

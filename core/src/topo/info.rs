@@ -53,20 +53,16 @@ impl Info {
     pub(crate) fn check_adjacent(&self, op: &'static str) -> Result<bool> {
         for (k, v) in &self.pairs {
             match k.as_str() {
-                "fmx_check_adjacent" if v == "true" || v == "false" => {}
+                "fmx_check_adjacent" | "fmx_size_credits" if v == "true" || v == "false" => {}
                 "fmx_reorder_group" if v.parse::<u32>().is_ok_and(|k| k > 0) => {}
-                "fmx_size_credits" if v == "true" || v == "false" => {}
-                "fmx_size_credits" => {
-                    return Err(Error::InvalidGraph { op, detail: format!("info fmx_size_credits={v:?}: expected true or false") })
+                flag @ ("fmx_check_adjacent" | "fmx_size_credits") => {
+                    return Err(Error::InvalidGraph { op, detail: format!("info {flag}={v:?}: expected true or false") })
                 }
                 "fmx_reorder_group" => {
                     return Err(Error::InvalidGraph {
                         op,
                         detail: format!("info fmx_reorder_group={v:?}: expected a positive number of ranks"),
                     })
-                }
-                "fmx_check_adjacent" => {
-                    return Err(Error::InvalidGraph { op, detail: format!("info fmx_check_adjacent={v:?}: expected true or false") })
                 }
                 other => {
                     let known: Vec<&str> = Self::KEYS.iter().map(|k| k.0).collect();

@@ -149,49 +149,54 @@ fn byte_parts(blocks: &[Block], deg: usize, side: &str) -> Result<Vec<(usize, us
         .collect()
 }
 
-/// Consecutive edges to (or from) one peer, sent as one message by the
-/// blocking collectives when every rank groups its edges by peer.
+/// Consecutive edges to (or from) one peer that travel as one message (the
+/// blocking collectives and persistent plans, when every rank groups its
+/// edges by peer).
 #[derive(Clone, Debug)]
-struct Group {
-    rank: u32,
-    edges: std::ops::Range<usize>,
+pub(crate) struct Group {
+    pub(crate) rank: u32,
+    pub(crate) edges: std::ops::Range<usize>,
     /// Elements in all its blocks.
-    total: usize,
-    /// Where the blocks start, when they lie back to back in the user's buffer.
-    contiguous_at: Option<usize>,
+    pub(crate) total: usize,
+    /// Where the blocks start, when they lie back to back in the buffer.
+    pub(crate) contiguous_at: Option<usize>,
+    /// One past the last element so far, while the blocks are back to back.
+    end: Option<usize>,
 }
 
-fn groups(edges: &[(u32, u32)], parts: &[(usize, usize)], me: u32) -> Vec<Group> {
+impl Group {
+    /// "in-edge 3" or "in-edges 3..=5", for errors.
+    pub(crate) fn name(&self, side: &str) -> String {
+        if self.edges.len() == 1 {
+            format!("{side}-edge {}", self.edges.start)
+        } else {
+            format!("{side}-edges {}..={}", self.edges.start, self.edges.end - 1)
+        }
+    }
+}
+
+/// The edges other than self-loops as messages: runs of consecutive edges to
+/// one peer when `merge`, else one per edge. Zero-count blocks join any run.
+pub(crate) fn groups(edges: &[(u32, u32)], parts: &[(usize, usize)], me: u32, merge: bool) -> Vec<Group> {
     let mut out: Vec<Group> = Vec::new();
-    let mut end_of_last: Vec<Option<usize>> = Vec::new();
     for (i, (&(rank, _), &(count, displ))) in edges.iter().zip(parts).enumerate() {
         if rank == me {
             continue;
         }
+        let start = (count > 0).then_some(displ);
         match out.last_mut() {
-            Some(g) if g.rank == rank && g.edges.end == i => {
+            Some(g) if merge && g.rank == rank && g.edges.end == i => {
                 g.edges.end = i + 1;
                 g.total += count;
-                let end = end_of_last.last_mut().expect("one end per group");
                 if count > 0 {
-                    match (g.contiguous_at, *end) {
-                        (Some(_), Some(e)) if e == displ => *end = Some(displ + count),
-                        (None, None) => {
-                            g.contiguous_at = Some(displ);
-                            *end = Some(displ + count);
-                        }
-                        _ => {
-                            g.contiguous_at = None;
-                            *end = Some(usize::MAX);
-                        }
+                    match g.end {
+                        _ if g.total == count => (g.contiguous_at, g.end) = (start, Some(displ + count)),
+                        Some(e) if e == displ && g.contiguous_at.is_some() => g.end = Some(displ + count),
+                        _ => (g.contiguous_at, g.end) = (None, None),
                     }
                 }
             }
-            _ => {
-                let start = (count > 0).then_some(displ);
-                out.push(Group { rank, edges: i..i + 1, total: count, contiguous_at: start });
-                end_of_last.push(start.map(|d| d + count));
-            }
+            _ => out.push(Group { rank, edges: i..i + 1, total: count, contiguous_at: start, end: start.map(|d| d + count) }),
         }
     }
     for g in &mut out {
@@ -291,8 +296,8 @@ impl DistGraphComm {
             }
             recv[d..d + c].copy_from_slice(sends[j]);
         }
-        let sg = groups(&self.outs, sparts, me);
-        let rg = groups(&self.ins, rparts, me);
+        let sg = groups(&self.outs, sparts, me, true);
+        let rg = groups(&self.ins, rparts, me, true);
         let staged_sends: Vec<Option<Vec<T>>> =
             sg.iter().map(|g| g.contiguous_at.is_none().then(|| sends[g.edges.clone()].concat())).collect();
         let mut staged_recvs: Vec<Option<Vec<T>>> =
@@ -324,11 +329,7 @@ impl DistGraphComm {
         };
         for (g, count) in rg.iter().zip(&got) {
             if *count != g.total {
-                let edges = if g.edges.len() == 1 {
-                    format!("in-edge {}", g.edges.start)
-                } else {
-                    format!("in-edges {}..={}", g.edges.start, g.edges.end - 1)
-                };
+                let edges = g.name("in");
                 return Err(Error::InvalidGraph {
                     op,
                     detail: format!("{edges} (from rank {}) delivered {count} elements but {} were expected", g.rank, g.total),

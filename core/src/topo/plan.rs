@@ -12,6 +12,7 @@ use bytemuck::Pod;
 use fmx_transport::lend::Lent;
 
 use super::create::prefix;
+use super::neighbor::{groups, Group};
 use super::DistGraphComm;
 use crate::coll::util::tag;
 use crate::engine::{ReqId, WaitsOn};
@@ -28,29 +29,23 @@ struct Edge {
 }
 
 /// One message of a plan: consecutive edges to (or from) one peer.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 struct Msg {
-    rank: u32,
+    group: Group,
     world: u32,
+    /// Where its blocks start (they are packed back to back in the plan's buffers).
     displ: usize,
     count: usize,
-    first_edge: usize,
-    edges: usize,
 }
 
-/// Groups the non-self edges into messages (one per edge unless `grouped`).
+/// The non-self edges as messages (one per peer run when `grouped`, else one per edge).
 fn messages(edges: &[Edge], me: u32, grouped: bool) -> Vec<Msg> {
-    let mut out: Vec<Msg> = Vec::new();
-    for (i, e) in edges.iter().enumerate().filter(|(_, e)| e.rank != me) {
-        match out.last_mut() {
-            Some(m) if grouped && m.rank == e.rank && m.displ + m.count == e.displ => {
-                m.count += e.count;
-                m.edges += 1;
-            }
-            _ => out.push(Msg { rank: e.rank, world: e.world, displ: e.displ, count: e.count, first_edge: i, edges: 1 }),
-        }
-    }
-    out
+    let peers: Vec<(u32, u32)> = edges.iter().map(|e| (e.rank, 0)).collect();
+    let parts: Vec<(usize, usize)> = edges.iter().map(|e| (e.count, e.displ)).collect();
+    groups(&peers, &parts, me, grouped)
+        .into_iter()
+        .map(|g| Msg { world: edges[g.edges.start].world, displ: g.contiguous_at.unwrap_or(0), count: g.total, group: g })
+        .collect()
 }
 
 /// A persistent `neighbor_alltoallv`; see [`DistGraphComm::neighbor_alltoallv_plan`].
@@ -344,17 +339,13 @@ impl<T: Pod> NeighborPlan<'_, T> {
             }
             match e.take(id) {
                 Some(Ok(raw)) if i != usize::MAX && raw.sent != raw.capacity => {
-                    let m = self.recv_msgs[i];
-                    let edges = if m.edges == 1 {
-                        format!("in-edge {}", m.first_edge)
-                    } else {
-                        format!("in-edges {}..={}", m.first_edge, m.first_edge + m.edges - 1)
-                    };
+                    let m = &self.recv_msgs[i];
+                    let edges = m.group.name("in");
                     first_err = Some(Error::InvalidGraph {
                         op: OP,
                         detail: format!(
                             "{edges} (from rank {}) delivered {} elements but {} were expected",
-                            m.rank,
+                            m.group.rank,
                             raw.sent / elem,
                             m.count
                         ),
