@@ -313,6 +313,7 @@ impl PeerCredits {
     }
 }
 
+pub mod mailbox;
 #[cfg(test)]
 mod model;
 

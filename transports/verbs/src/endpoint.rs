@@ -18,9 +18,10 @@ use fmx_transport::{
 };
 use memmap2::MmapMut;
 
-use crate::address::{host_identity, Address};
+use crate::address::Address;
 use crate::device::{choose, Chosen};
-use crate::mailbox;
+use fmx_transport::credit::mailbox;
+use fmx_transport::liveness::host_identity;
 use crate::registry::{Owned, Registry};
 use crate::sys::{ffi, Access, Cq, Mr, Pd, PeerPath, Qp, QpTiming, SendOp, SendWr, Srq};
 

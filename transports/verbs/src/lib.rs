@@ -28,7 +28,6 @@
 mod address;
 pub mod device;
 pub mod endpoint;
-mod mailbox;
 pub mod probe;
 mod registry;
 mod sys;

@@ -1,16 +1,16 @@
 //! The credit mailbox word a peer writes into our memory with an 8-byte RDMA
-//! WRITE: cumulative credit totals and the finalized flag. The upper half is
+//! WRITE (verbs) or `fi_inject_write` (libfabric): cumulative credit totals and the finalized flag. The upper half is
 //! the complement of the lower, so a torn or not-yet-written word is ignored
 //! (RDMA does not promise 8-byte atomicity; a later read sees the whole word).
 
 /// Encodes totals (data mod 2^16, control mod 2^8) and whether the writer finalized.
-pub(crate) fn encode(data: u16, ctrl: u8, finalized: bool) -> u64 {
+pub fn encode(data: u16, ctrl: u8, finalized: bool) -> u64 {
     let low = u32::from(data) | (u32::from(ctrl) << 16) | (u32::from(finalized) << 24);
     u64::from(low) | (u64::from(!low) << 32)
 }
 
 /// Decodes a word; `None` when it is empty or torn.
-pub(crate) fn decode(word: u64) -> Option<(u16, u8, bool)> {
+pub fn decode(word: u64) -> Option<(u16, u8, bool)> {
     let low = word as u32;
     ((word >> 32) as u32 == !low).then_some((low as u16, (low >> 16) as u8, low & (1 << 24) != 0))
 }
