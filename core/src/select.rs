@@ -3,6 +3,8 @@
 //! [`Transport`] value, an enum with a variant per transport, so the data path
 //! dispatches statically (a `match`, no vtable per message).
 
+#[cfg(feature = "ofi")]
+use fmx_ofi::{OfiConfig, OfiEndpoint, OfiSetup};
 use fmx_shm::{ShmConfig, ShmEndpoint, ShmSetup};
 use fmx_transport::loopback::Loopback;
 use fmx_transport::{
@@ -16,12 +18,22 @@ use crate::error::{Error, Result};
 
 /// The transports this build knows, by the names `FMX_TRANSPORT` and
 /// `fmxrun --transport` accept.
-#[cfg(not(feature = "verbs"))]
-pub const TRANSPORT_NAMES: &[&str] = &["auto", "shm"];
-/// The transports this build knows, by the names `FMX_TRANSPORT` and
-/// `fmxrun --transport` accept.
-#[cfg(feature = "verbs")]
-pub const TRANSPORT_NAMES: &[&str] = &["auto", "shm", "verbs"];
+pub const TRANSPORT_NAMES: &[&str] = &[
+    "auto",
+    "shm",
+    #[cfg(feature = "verbs")]
+    "verbs",
+    #[cfg(feature = "ofi")]
+    "ofi",
+];
+
+/// Transports that reach other hosts, in the order `auto` prefers them.
+const NETWORK_TRANSPORTS: &[&str] = &[
+    #[cfg(feature = "verbs")]
+    "verbs",
+    #[cfg(feature = "ofi")]
+    "ofi",
+];
 
 /// A concrete endpoint.
 pub(crate) enum Transport {
@@ -32,6 +44,9 @@ pub(crate) enum Transport {
     /// RDMA queue pairs (InfiniBand, RoCE, Soft-RoCE).
     #[cfg(feature = "verbs")]
     Verbs(Box<VerbsEndpoint>),
+    /// libfabric RDM endpoints (tcp, shm, verbs;ofi_rxm, efa, ...).
+    #[cfg(feature = "ofi")]
+    Ofi(Box<OfiEndpoint>),
 }
 
 impl Transport {
@@ -42,6 +57,8 @@ impl Transport {
             Self::Shm(_) => "shm",
             #[cfg(feature = "verbs")]
             Self::Verbs(_) => "verbs",
+            #[cfg(feature = "ofi")]
+            Self::Ofi(_) => "ofi",
         }
     }
 }
@@ -57,13 +74,15 @@ pub(crate) fn open(boot: &mut Bootstrap) -> Result<Transport> {
     }
     let nodes = boot.nodes();
     let spread = nodes.iter().any(|&n| n != nodes[0]);
-    #[cfg(feature = "verbs")]
-    let choice = if choice == "auto" && spread { "verbs".to_string() } else { choice };
-    if spread && choice != "verbs" {
+    let choice = match NETWORK_TRANSPORTS.first() {
+        Some(net) if choice == "auto" && spread => (*net).to_string(),
+        _ => choice,
+    };
+    if spread && !NETWORK_TRANSPORTS.contains(&choice.as_str()) {
         let other = nodes.iter().position(|&n| n != nodes[0]).unwrap_or(0);
         return Err(Error::Bootstrap(format!(
             "the job spans {} nodes (rank 0 on node {}, rank {other} on node {}) but transport {choice:?} reaches only this host; \
-             build fmx with the `verbs` feature and use FMX_TRANSPORT=verbs (or auto)",
+             build fmx with the `verbs` or `ofi` feature and use FMX_TRANSPORT=verbs, ofi or auto",
             distinct(&nodes),
             nodes[0],
             nodes[other]
@@ -77,6 +96,15 @@ pub(crate) fn open(boot: &mut Bootstrap) -> Result<Transport> {
         // Every queue pair is ready to receive before anyone sends.
         boot.barrier()?;
         return Ok(Transport::Verbs(Box::new(ep)));
+    }
+    #[cfg(feature = "ofi")]
+    if choice == "ofi" {
+        let setup = OfiSetup::create(OfiConfig::from_env(boot.rank(), boot.size())?)?;
+        let addresses = boot.allgather(&setup.address()?)?;
+        let ep = setup.connect(&addresses)?;
+        // Every address vector is filled and every receive slot posted before anyone sends.
+        boot.barrier()?;
+        return Ok(Transport::Ofi(Box::new(ep)));
     }
     // Every rank is on this host: shared memory.
     let cfg = ShmConfig::from_env(&boot.job_id(), boot.rank(), boot.size())?;
@@ -116,6 +144,8 @@ macro_rules! dispatch {
             Transport::Shm($ep) => $e,
             #[cfg(feature = "verbs")]
             Transport::Verbs($ep) => $e,
+            #[cfg(feature = "ofi")]
+            Transport::Ofi($ep) => $e,
         }
     };
 }

@@ -197,6 +197,12 @@ impl PeerCredits {
         (self.returned_data as u16, self.returned_ctrl as u8)
     }
 
+    /// The totals returned so far, announcing nothing new: what a first
+    /// mailbox word carries before any slot was released.
+    pub fn totals(&self) -> (u16, u8) {
+        (self.returned_data as u16, self.returned_ctrl as u8)
+    }
+
     /// The totals for an explicit credit message (the same as [`PeerCredits::piggyback`]).
     pub fn explicit(&mut self) -> (u16, u8) {
         self.piggyback()

@@ -87,5 +87,5 @@ mod tests {
         let b = a.encode();
         assert_eq!(Address::decode(1, 3, &b).unwrap(), a);
         assert!(matches!(Address::decode(1, 4, &b), Err(TransportError::Malformed { peer: 1, .. })));
-            }
+    }
 }

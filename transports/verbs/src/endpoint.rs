@@ -20,10 +20,10 @@ use memmap2::MmapMut;
 
 use crate::address::Address;
 use crate::device::{choose, Chosen};
-use fmx_transport::credit::mailbox;
-use fmx_transport::liveness::host_identity;
 use crate::registry::{Owned, Registry};
 use crate::sys::{ffi, Access, Cq, Mr, Pd, PeerPath, Qp, QpTiming, SendOp, SendWr, Srq};
+use fmx_transport::credit::mailbox;
+use fmx_transport::liveness::host_identity;
 
 /// Default eager pool per process, in receive slots (`P`), shared by all peers.
 pub const DEFAULT_POOL_SLOTS: u32 = 64;

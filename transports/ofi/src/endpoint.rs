@@ -1,0 +1,1195 @@
+//! The libfabric endpoint: one FI_EP_RDM endpoint per process. Eager
+//! messages are tagged sends (tag = sender's rank) into receive slots
+//! pre-posted from any source (credits = slots, FM's send rule); credit
+//! returns are `fi_write`s of a cumulative word into the peer's mailbox;
+//! rendezvous is `fi_read`/`fi_write` between registered user buffers.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::ffi::c_void;
+use std::ptr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use fmx_transport::credit::{mailbox, Class, CreditConfig, Gate, PeerCredits};
+use fmx_transport::liveness::{host_identity, PeerWatch};
+use fmx_transport::pool::{HugePages, Lease, Pool, PoolConfig, RegistrationHook};
+use fmx_transport::settings::{env_number, env_positive};
+use fmx_transport::{
+    Endpoint, MsgHeader, MsgKind, OpStatus, PeerId, PeerState, ReceiveMemory, RegistrationStats, RemoteKey, SendOutcome, TransportError,
+    HEADER_BYTES,
+};
+use memmap2::MmapMut;
+
+use crate::address::Address;
+use crate::fabric::{strerror, Fabric, Info, Mr};
+
+/// Default eager pool per process, in receive slots (`P`), shared by all peers.
+pub const DEFAULT_POOL_SLOTS: u32 = 64;
+/// Default bytes per receive slot (header included).
+pub const DEFAULT_SLOT_BYTES: usize = 8 << 10;
+/// Default newcomer credits (`c0`).
+pub const DEFAULT_NEWCOMER_CREDITS: u32 = 2;
+/// Control slots per peer (CTS, FIN) beside its data slice.
+pub const CTRL_SLOTS: u32 = 2;
+/// Default largest RDMA piece: a long transfer is split so that no single
+/// operation outlives a slow link's timeouts (rxe under emulation).
+pub const DEFAULT_PIECE: usize = 4 << 20;
+/// Messages a process may have queued to itself.
+const OWN_SLOTS: usize = 4;
+/// Transmit contexts: operations in flight at once.
+const TX_CONTEXTS: usize = 256;
+/// Send buffers (slot-sized): chunks of 64.
+const SEND_BUFS: usize = 256;
+/// Completions read per call.
+const CQ_BATCH: usize = 16;
+/// How often an idle peer on another host is probed with an 8-byte read.
+const PROBE_EVERY: Duration = Duration::from_secs(1);
+/// How long connecting to every peer may take.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(60);
+/// Tags: the low 32 bits carry the sender's rank.
+const RANK_BITS: u64 = 0xffff_ffff;
+
+/// How to build the endpoint.
+#[derive(Clone, Debug)]
+pub struct OfiConfig {
+    /// Our index.
+    pub rank: u32,
+    /// Processes in the job.
+    pub size: u32,
+    /// The provider by name (`tcp;ofi_rxm`, `shm`, `verbs;ofi_rxm`); `None`: libfabric's best.
+    pub provider: Option<String>,
+    /// Eager pool slots (`P`).
+    pub pool: u32,
+    /// Bytes per slot.
+    pub slot_bytes: usize,
+    /// Newcomer credits (`c0`).
+    pub newcomer: u32,
+    /// Owed credits that trigger an explicit return (`None`: half the slice).
+    pub threshold: Option<u32>,
+    /// Largest RMA operation posted at once.
+    pub piece: usize,
+}
+
+impl OfiConfig {
+    /// Defaults, overridden by `FMX_OFI_PROVIDER`, `FMX_OFI_PIECE`, and the
+    /// shared `FMX_POOL_SLOTS`, `FMX_SLOT_BYTES`, `FMX_NEWCOMER_CREDITS`, `FMX_CREDIT_THRESHOLD`.
+    pub fn from_env(rank: u32, size: u32) -> Result<Self, TransportError> {
+        Ok(Self {
+            rank,
+            size,
+            provider: std::env::var("FMX_OFI_PROVIDER").ok().filter(|p| !p.is_empty()),
+            pool: env_positive("FMX_POOL_SLOTS")?.map_or(DEFAULT_POOL_SLOTS, |n| n as u32),
+            slot_bytes: env_positive("FMX_SLOT_BYTES")?.unwrap_or(DEFAULT_SLOT_BYTES).max(HEADER_BYTES + 8),
+            newcomer: env_positive("FMX_NEWCOMER_CREDITS")?.map_or(DEFAULT_NEWCOMER_CREDITS, |n| n as u32),
+            threshold: env_positive("FMX_CREDIT_THRESHOLD")?.map(|n| n as u32),
+            piece: env_number("FMX_OFI_PIECE")?.unwrap_or(DEFAULT_PIECE).max(4096),
+        })
+    }
+}
+
+/// Registers pool chunks with `fi_mr_reg` where the provider wants local descriptors.
+struct OfiHook {
+    fabric: Arc<Fabric>,
+    count: Arc<AtomicU64>,
+}
+
+impl RegistrationHook for OfiHook {
+    type Handle = Option<Mr>;
+    fn register(&mut self, chunk: &mut [u8]) -> Result<Option<Mr>, TransportError> {
+        if !self.fabric.mr_mode.local {
+            return Ok(None);
+        }
+        self.count.fetch_add(1, Ordering::Relaxed);
+        self.fabric.register(chunk.as_ptr(), chunk.len(), u64::from(sys::FI_SEND)).map(Some)
+    }
+    fn deregister(&mut self, handle: Option<Mr>) {
+        drop(handle);
+    }
+}
+
+/// A context handed to libfabric with each operation (FI_CONTEXT2 mode:
+/// the provider may use it until the completion).
+#[repr(C)]
+struct Ctx {
+    fi: sys::fi_context2,
+}
+
+/// What a transmit context stands for until its completion.
+enum Tx {
+    Free,
+    /// An eager send out of a pooled buffer.
+    Slot(PeerId, Lease),
+    /// One piece of a one-sided operation.
+    Piece(PeerId, u64),
+    /// A credit mailbox write.
+    Mailbox(PeerId),
+    /// A liveness probe.
+    Probe(PeerId),
+}
+
+struct Op {
+    peer: PeerId,
+    pieces: u32,
+    /// Registered for this operation (FI_MR_LOCAL providers), dropped at completion.
+    local: Option<Mr>,
+    error: Option<TransportError>,
+}
+
+/// One RMA operation not yet accepted by the provider.
+struct Piece {
+    op: u64,
+    peer: PeerId,
+    local: *mut u8,
+    len: usize,
+    desc: *mut c_void,
+    remote_addr: u64,
+    key: u64,
+    read: bool,
+}
+
+struct Peer {
+    addr: sys::fi_addr_t,
+    credits: PeerCredits,
+    mailbox_addr: u64,
+    mailbox_key: u64,
+    /// A mailbox write toward the peer is in flight: its source word must not change.
+    mailbox_busy: bool,
+    watch: Option<PeerWatch>,
+    dead: Option<String>,
+    last_probe: Instant,
+    probing: bool,
+}
+
+/// Our endpoint exists and its receive slots are posted; publish
+/// [`OfiSetup::address`] through the bootstrap, then [`OfiSetup::connect`].
+pub struct OfiSetup {
+    cfg: OfiConfig,
+    ep: OfiEndpoint,
+}
+
+fn setup(what: &str) -> impl Fn(std::io::Error) -> TransportError + '_ {
+    move |e| TransportError::Setup { what: what.to_owned(), source: e }
+}
+
+fn anon(bytes: usize) -> Result<MmapMut, TransportError> {
+    MmapMut::map_anon(bytes.max(8)).map_err(setup("map libfabric buffers"))
+}
+
+impl OfiSetup {
+    /// Chooses the provider, opens the endpoint, and posts the receive slots.
+    pub fn create(cfg: OfiConfig) -> Result<Self, TransportError> {
+        let credit =
+            CreditConfig::for_transport(cfg.pool, cfg.size.saturating_sub(1), cfg.newcomer, cfg.threshold, CTRL_SLOTS, "FMX_POOL_SLOTS")?;
+        let info = Info::query(cfg.provider.as_deref())?;
+        let provider = info.provider();
+        let peers = cfg.size.saturating_sub(1);
+        let recv_slots = (cfg.pool + CTRL_SLOTS * peers) as usize;
+        let (rx_size, _) = info.queue_sizes();
+        if recv_slots > rx_size {
+            return Err(TransportError::Setup {
+                what: format!(
+                    "{recv_slots} receive slots ({} eager + {CTRL_SLOTS} control per peer) exceed provider {provider}'s receive \
+                     queue of {rx_size}: lower FMX_POOL_SLOTS",
+                    cfg.pool
+                ),
+                source: std::io::Error::from(std::io::ErrorKind::InvalidInput),
+            });
+        }
+        let inject = info.inject_size();
+        let max_msg = info.max_msg_size();
+        if cfg.slot_bytes > max_msg {
+            return Err(TransportError::Setup {
+                what: format!("FMX_SLOT_BYTES={} exceeds provider {provider}'s largest message ({max_msg} bytes)", cfg.slot_bytes),
+                source: std::io::Error::from(std::io::ErrorKind::InvalidInput),
+            });
+        }
+        let fabric = Arc::new(Fabric::open(info, recv_slots + TX_CONTEXTS + 64, cfg.size as usize)?);
+        let registrations = Arc::new(AtomicU64::new(0));
+        let recv = anon(recv_slots * cfg.slot_bytes)?;
+        let recv_mr = if fabric.mr_mode.local {
+            registrations.fetch_add(1, Ordering::Relaxed);
+            Some(fabric.register(recv.as_ptr(), recv.len(), u64::from(sys::FI_RECV))?)
+        } else {
+            None
+        };
+        let mailbox = anon(8 * cfg.size as usize)?;
+        let mailbox_mr = fabric.register(mailbox.as_ptr(), mailbox.len(), u64::from(sys::FI_REMOTE_WRITE | sys::FI_REMOTE_READ))?;
+        // Our outgoing mailbox words, then one word per peer for probe reads.
+        let outbox = anon(16 * cfg.size as usize)?;
+        let outbox_mr = fabric.register(outbox.as_ptr(), outbox.len(), u64::from(sys::FI_WRITE | sys::FI_READ))?;
+        registrations.fetch_add(2, Ordering::Relaxed);
+        let hook = OfiHook { fabric: fabric.clone(), count: registrations.clone() };
+        let send_pool = Pool::new(
+            PoolConfig { buf_size: cfg.slot_bytes, bufs_per_chunk: 64, max_chunks: SEND_BUFS / 64, huge_pages: HugePages::Never },
+            hook,
+        );
+        let ctx: Box<[Ctx]> = (0..recv_slots + TX_CONTEXTS).map(|_| Ctx { fi: sys::fi_context2::default() }).collect();
+        let ep = OfiEndpoint {
+            rank: cfg.rank,
+            size: cfg.size,
+            slot_bytes: cfg.slot_bytes,
+            piece: cfg.piece.min(max_msg),
+            inject: inject.min(256),
+            provider,
+            credit,
+            peers: Vec::new(),
+            own: VecDeque::new(),
+            arrived: VecDeque::new(),
+            unposted: VecDeque::new(),
+            explicit_due: false,
+            reallocated: false,
+            finalized: false,
+            ops: HashMap::new(),
+            done_ops: Vec::new(),
+            next_op: 1,
+            pending: VecDeque::new(),
+            exposed: HashMap::new(),
+            registry: BTreeMap::new(),
+            stats: RegistrationStats::default(),
+            registrations,
+            debug: std::env::var_os("FMX_OFI_DEBUG").is_some(),
+            recv_slots,
+            tx: (0..TX_CONTEXTS).map(|_| Tx::Free).collect(),
+            tx_free: (0..TX_CONTEXTS).rev().collect(),
+            send_pool,
+            recv_mr,
+            recv,
+            mailbox_mr,
+            mailbox,
+            outbox_mr,
+            outbox,
+            ctx,
+            fabric,
+        };
+        for slot in 0..recv_slots {
+            ep.post_recv(slot).map_err(|rc| crate::fabric::fail("post a receive slot (fi_trecv)", &ep.provider, rc))?;
+        }
+        Ok(Self { cfg, ep })
+    }
+
+    /// The provider this process chose.
+    pub fn provider(&self) -> &str {
+        &self.ep.provider
+    }
+
+    /// What peers need to reach us.
+    pub fn address(&self) -> Result<Vec<u8>, TransportError> {
+        Ok(Address {
+            pid: std::process::id(),
+            host: host_identity(),
+            mailbox_addr: self.ep.mailbox_mr.remote_addr(self.ep.mailbox_mr.base),
+            mailbox_key: self.ep.mailbox_mr.key,
+            provider: self.ep.provider.clone(),
+            name: self.ep.fabric.name()?,
+        }
+        .encode())
+    }
+
+    /// Inserts every peer into the address vector. `addresses[r]` is rank r's [`OfiSetup::address`].
+    pub fn connect(self, addresses: &[Vec<u8>]) -> Result<OfiEndpoint, TransportError> {
+        let cfg = &self.cfg;
+        let mut ep = self.ep;
+        if addresses.len() != cfg.size as usize {
+            return Err(TransportError::Setup {
+                what: format!("libfabric connect got {} addresses for a job of {}", addresses.len(), cfg.size),
+                source: std::io::Error::from(std::io::ErrorKind::InvalidInput),
+            });
+        }
+        let decoded = addresses.iter().enumerate().map(|(r, b)| Address::decode(r as u32, b)).collect::<Result<Vec<_>, _>>()?;
+        if let Some((r, a)) = decoded.iter().enumerate().find(|(_, a)| a.provider != ep.provider) {
+            return Err(TransportError::Setup {
+                what: format!(
+                    "rank {r} chose libfabric provider {:?} but rank {} chose {:?}: every rank must use the same one \
+                     (set FMX_OFI_PROVIDER or FI_PROVIDER for the whole job)",
+                    a.provider, cfg.rank, ep.provider
+                ),
+                source: std::io::Error::from(std::io::ErrorKind::InvalidInput),
+            });
+        }
+        let names: Vec<&[u8]> = decoded.iter().map(|a| a.name.as_slice()).collect();
+        let fi_addrs = ep.fabric.insert(&names)?;
+        let mine = host_identity();
+        ep.peers = decoded
+            .iter()
+            .zip(fi_addrs)
+            .enumerate()
+            .map(|(r, (a, addr))| {
+                let r = r as u32;
+                (r != cfg.rank).then(|| Peer {
+                    addr,
+                    credits: PeerCredits::new(&ep.credit, r < cfg.rank),
+                    mailbox_addr: a.mailbox_addr + 8 * u64::from(cfg.rank),
+                    mailbox_key: a.mailbox_key,
+                    mailbox_busy: false,
+                    watch: (a.host == mine && a.host != [0; 24]).then(|| PeerWatch::new(a.pid)),
+                    dead: None,
+                    last_probe: Instant::now(),
+                    probing: false,
+                })
+            })
+            .collect();
+        ep.connect_all(CONNECT_TIMEOUT)?;
+        Ok(ep)
+    }
+}
+
+/// The libfabric endpoint.
+///
+/// Field order is drop order: regions go before the memory they cover, and
+/// the fabric objects (endpoint, queues, domain) close last, once every
+/// region that holds them is gone.
+pub struct OfiEndpoint {
+    rank: u32,
+    size: u32,
+    slot_bytes: usize,
+    piece: usize,
+    inject: usize,
+    provider: String,
+    credit: CreditConfig,
+    peers: Vec<Option<Peer>>,
+    own: VecDeque<(MsgHeader, Vec<u8>)>,
+    /// Receive completions read but not yet handed to a sink: (slot, bytes, sender).
+    arrived: VecDeque<(usize, usize, PeerId)>,
+    /// Slots consumed whose repost the provider refused for now: (slot, sender, class).
+    unposted: VecDeque<(usize, PeerId, Class)>,
+    explicit_due: bool,
+    reallocated: bool,
+    finalized: bool,
+    ops: HashMap<u64, Op>,
+    done_ops: Vec<u64>,
+    next_op: u64,
+    pending: VecDeque<Piece>,
+    /// By (peer-visible address, key).
+    exposed: HashMap<(u64, u64), Mr>,
+    /// The core's registered buffers, by start address.
+    registry: BTreeMap<u64, Mr>,
+    stats: RegistrationStats,
+    registrations: Arc<AtomicU64>,
+    /// `FMX_OFI_DEBUG`: print every failed completion to stderr.
+    debug: bool,
+    recv_slots: usize,
+    tx: Vec<Tx>,
+    tx_free: Vec<usize>,
+    send_pool: Pool<OfiHook>,
+    recv_mr: Option<Mr>,
+    recv: MmapMut,
+    mailbox_mr: Mr,
+    mailbox: MmapMut,
+    outbox_mr: Mr,
+    outbox: MmapMut,
+    /// Contexts of posted operations: receive slots first, then transmit contexts.
+    ctx: Box<[Ctx]>,
+    fabric: Arc<Fabric>,
+}
+
+// SAFETY: the raw pointers (pending pieces) point into buffers the core lends
+// to the endpoint until the operation completes; the endpoint is driven by
+// one thread at a time.
+unsafe impl Send for OfiEndpoint {}
+
+fn class_of(kind: MsgKind) -> Class {
+    match kind {
+        MsgKind::Eager | MsgKind::Rts => Class::Data,
+        MsgKind::Cts | MsgKind::Fin | MsgKind::Credit => Class::Ctrl,
+    }
+}
+
+/// What a call answered: done, or the provider's queue is full for now.
+enum Posted {
+    Yes,
+    Again,
+}
+
+fn posted(rc: isize) -> Result<Posted, i64> {
+    match rc {
+        0 => Ok(Posted::Yes),
+        rc if rc == -(sys::FI_EAGAIN as isize) => Ok(Posted::Again),
+        rc => Err(rc as i64),
+    }
+}
+
+impl OfiEndpoint {
+    /// The provider in use (e.g. `tcp;ofi_rxm`).
+    pub fn provider(&self) -> &str {
+        &self.provider
+    }
+
+    /// The credit state toward `peer` (for tests and reports).
+    pub fn credits(&self, peer: PeerId) -> Option<&PeerCredits> {
+        self.peers.get(peer as usize).and_then(Option::as_ref).map(|p| &p.credits)
+    }
+
+    fn ctx_ptr(&self, i: usize) -> *mut c_void {
+        ptr::from_ref(&self.ctx[i]).cast_mut().cast()
+    }
+
+    fn ctx_index(&self, p: *mut c_void) -> Option<usize> {
+        let base = self.ctx.as_ptr() as usize;
+        let off = (p as usize).checked_sub(base)?;
+        let i = off / std::mem::size_of::<Ctx>();
+        (off % std::mem::size_of::<Ctx>() == 0 && i < self.ctx.len()).then_some(i)
+    }
+
+    fn post_recv(&self, slot: usize) -> Result<Posted, i64> {
+        let buf = self.recv[slot * self.slot_bytes..].as_ptr();
+        let desc = self.recv_mr.as_ref().map_or(ptr::null_mut(), |m| m.desc);
+        // SAFETY: the slot lies in the receive region the endpoint owns (and
+        // registered where the provider needs it); its context lives in `ctx`
+        // until the endpoint closes.
+        let rc = unsafe {
+            sys::fmx_fi_trecv(
+                self.fabric.ep(),
+                buf.cast_mut().cast(),
+                self.slot_bytes,
+                desc,
+                sys::FI_ADDR_UNSPEC,
+                0,
+                RANK_BITS,
+                self.ctx_ptr(slot),
+            )
+        };
+        posted(rc)
+    }
+
+    fn peer(&mut self, peer: PeerId) -> Result<&mut Peer, TransportError> {
+        let size = self.size;
+        match self.peers.get_mut(peer as usize) {
+            Some(Some(p)) => match &p.dead {
+                Some(reason) => Err(TransportError::PeerGone { peer, reason: reason.clone() }),
+                None => Ok(p),
+            },
+            _ => Err(TransportError::NoSuchPeer { peer, size }),
+        }
+    }
+
+    fn mailbox_word(&self, peer: PeerId) -> u64 {
+        #[allow(clippy::cast_ptr_alignment)] // a page-aligned map
+        // SAFETY: the mailbox map is page-aligned and holds `size` u64 words;
+        // the provider writes them on behalf of peers, so they are read
+        // atomically, never through a reference to plain memory.
+        let word = unsafe { &*self.mailbox.as_ptr().cast::<AtomicU64>().add(peer as usize) };
+        word.load(Ordering::Acquire)
+    }
+
+    fn read_mailbox(&mut self, peer: PeerId) {
+        if let Some((d, k, _)) = mailbox::decode(self.mailbox_word(peer)) {
+            if let Some(Some(p)) = self.peers.get_mut(peer as usize) {
+                p.credits.on_credit(d, k);
+            }
+        }
+    }
+
+    fn take_tx(&mut self, what: Tx) -> Option<usize> {
+        let i = self.tx_free.pop()?;
+        self.tx[i] = what;
+        Some(self.recv_slots + i)
+    }
+
+    fn give_tx(&mut self, ctx: usize) -> Tx {
+        let i = ctx - self.recv_slots;
+        self.tx_free.push(i);
+        std::mem::replace(&mut self.tx[i], Tx::Free)
+    }
+
+    fn mark_dead(&mut self, peer: PeerId, reason: String) {
+        if let Some(Some(p)) = self.peers.get_mut(peer as usize) {
+            p.dead.get_or_insert(reason);
+            p.probing = false;
+        }
+    }
+
+    /// Reads every completion the queue holds: arrivals are kept for `poll`,
+    /// transmit completions free their resources, failures mark the peer dead.
+    fn drain_cq(&mut self) -> Result<(), TransportError> {
+        let mut entries = [sys::fi_cq_tagged_entry::default(); CQ_BATCH];
+        loop {
+            // SAFETY: `entries` has room for CQ_BATCH entries of the queue's (tagged) format.
+            let n = unsafe { sys::fmx_fi_cq_read(self.fabric.cq(), entries.as_mut_ptr().cast(), CQ_BATCH) };
+            if n == -(sys::FI_EAGAIN as isize) {
+                return Ok(());
+            }
+            if n == -(sys::FI_EAVAIL as isize) {
+                self.read_error()?;
+                continue;
+            }
+            if n < 0 {
+                return Err(crate::fabric::fail("fi_cq_read", &self.provider, n as i64));
+            }
+            for e in &entries[..n as usize] {
+                let Some(i) = self.ctx_index(e.op_context) else {
+                    return Err(TransportError::Malformed { peer: u32::MAX, what: "completion with an unknown libfabric context" });
+                };
+                if i < self.recv_slots {
+                    self.arrived.push_back((i, e.len, (e.tag & RANK_BITS) as PeerId));
+                } else {
+                    self.complete_tx(i, None);
+                }
+            }
+            if (n as usize) < CQ_BATCH {
+                return Ok(());
+            }
+        }
+    }
+
+    fn read_error(&mut self) -> Result<(), TransportError> {
+        let mut err = sys::fi_cq_err_entry::default();
+        // SAFETY: one error entry; the provider fills it (err_data stays owned by the provider).
+        let rc = unsafe { sys::fmx_fi_cq_readerr(self.fabric.cq(), &raw mut err, 0) };
+        if rc != 1 {
+            return Ok(()); // raced with nothing: the next read reports it
+        }
+        let mut buf = [0 as std::ffi::c_char; 256];
+        // SAFETY: `buf` has 256 bytes; fi_cq_strerror returns a NUL-terminated string (ours or the provider's).
+        let prov = unsafe {
+            let s = sys::fmx_fi_cq_strerror(self.fabric.cq(), err.prov_errno, err.err_data, buf.as_mut_ptr(), buf.len());
+            if s.is_null() {
+                String::new()
+            } else {
+                std::ffi::CStr::from_ptr(s).to_string_lossy().into_owned()
+            }
+        };
+        let status = format!("{} (provider error {}: {prov})", strerror(i64::from(err.err)), err.prov_errno);
+        let Some(i) = self.ctx_index(err.op_context) else {
+            // No context of ours: an inject (which has none) failed. Its peer is
+            // unknown here; the next operation toward it reports the failure.
+            if self.debug {
+                eprintln!("fmx-ofi rank {}: failure without a context ({:?}): {status}", self.rank, err.op_context);
+            }
+            return Ok(());
+        };
+        if i < self.recv_slots {
+            // A receive failed (canceled at close, or truncated): the sender is in the tag.
+            let peer = (err.tag & RANK_BITS) as PeerId;
+            if self.debug {
+                eprintln!("fmx-ofi rank {}: receive from peer {peer} failed: {status}", self.rank);
+            }
+            if err.err == sys::FI_ECANCELED as i32 {
+                return Ok(());
+            }
+            return Err(TransportError::Completion { op: "receive", peer, device: self.provider.clone(), status });
+        }
+        self.complete_tx(i, Some(status));
+        Ok(())
+    }
+
+    fn complete_tx(&mut self, ctx: usize, failure: Option<String>) {
+        let what = self.give_tx(ctx);
+        let peer = match &what {
+            Tx::Free => return,
+            Tx::Slot(p, _) | Tx::Piece(p, _) | Tx::Mailbox(p) | Tx::Probe(p) => *p,
+        };
+        if let Some(status) = &failure {
+            if self.debug {
+                eprintln!("fmx-ofi rank {}: operation toward peer {peer} failed: {status}", self.rank);
+            }
+            self.mark_dead(peer, format!("libfabric provider {} reported: {status}", self.provider));
+        }
+        match what {
+            Tx::Free => {}
+            Tx::Slot(_, lease) => self.send_pool.release(lease),
+            Tx::Piece(_, id) => {
+                if let Some(op) = self.ops.get_mut(&id) {
+                    op.pieces -= 1;
+                    if let Some(status) = failure {
+                        op.error.get_or_insert_with(|| TransportError::Completion {
+                            op: "RMA operation",
+                            peer,
+                            device: self.provider.clone(),
+                            status,
+                        });
+                    }
+                    if op.pieces == 0 {
+                        self.done_ops.push(id);
+                    }
+                }
+            }
+            Tx::Mailbox(_) => {
+                if let Some(Some(p)) = self.peers.get_mut(peer as usize) {
+                    p.mailbox_busy = false;
+                }
+            }
+            Tx::Probe(_) => {
+                if let Some(Some(p)) = self.peers.get_mut(peer as usize) {
+                    p.probing = false;
+                }
+            }
+        }
+    }
+
+    /// Writes our cumulative credit totals (and whether we finalized) into
+    /// every owed peer's mailbox: an 8-byte `fi_write` that needs no credit.
+    fn return_credits(&mut self, all: bool) -> Result<(), TransportError> {
+        self.explicit_due = false;
+        for peer in 0..self.size {
+            let Some(Some(p)) = self.peers.get(peer as usize) else { continue };
+            if p.dead.is_some() || !(all || p.credits.wants_explicit(&self.credit)) {
+                continue;
+            }
+            if p.mailbox_busy {
+                self.explicit_due = true; // the newer total goes once the last one has left
+                continue;
+            }
+            let Some(ctx) = self.take_tx(Tx::Mailbox(peer)) else {
+                self.explicit_due = true;
+                continue;
+            };
+            let p = self.peers[peer as usize].as_mut().expect("a peer");
+            let saved = p.credits.clone();
+            let (d, k) = p.credits.explicit();
+            let word = &mut self.outbox[8 * peer as usize..][..8];
+            word.copy_from_slice(&mailbox::encode(d, k, self.finalized).to_le_bytes());
+            let src = word.as_ptr();
+            let (addr, key, dest) = (p.mailbox_addr, p.mailbox_key, p.addr);
+            // SAFETY: the source word lies in the registered outbox, left
+            // unchanged until this write completes (mailbox_busy); the context
+            // lives in `ctx` until its completion.
+            let rc = unsafe { sys::fmx_fi_write(self.fabric.ep(), src.cast(), 8, self.outbox_mr.desc, dest, addr, key, self.ctx_ptr(ctx)) };
+            match posted(rc) {
+                Ok(Posted::Yes) => self.peers[peer as usize].as_mut().expect("a peer").mailbox_busy = true,
+                Ok(Posted::Again) => {
+                    self.give_tx(ctx);
+                    self.peers[peer as usize].as_mut().expect("a peer").credits = saved;
+                    self.explicit_due = true;
+                }
+                Err(rc) => {
+                    self.give_tx(ctx);
+                    self.mark_dead(peer, format!("fi_write of credits failed: {}", strerror(rc)));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// A local descriptor for `[addr, addr+len)`: a registered buffer of the
+    /// core, nothing where the provider needs none, else a registration for
+    /// this operation.
+    fn local_desc(&mut self, peer: PeerId, addr: u64, len: usize, access: u64) -> Result<(*mut c_void, Option<Mr>), TransportError> {
+        if let Some(desc) = self.owned(addr, len).map(|mr| mr.desc) {
+            self.stats.owned_hits += 1;
+            return Ok((desc, None));
+        }
+        if !self.fabric.mr_mode.local {
+            return Ok((ptr::null_mut(), None));
+        }
+        let mr = self.register_per_op(peer, addr as *const u8, len, access)?;
+        Ok((mr.desc, Some(mr)))
+    }
+
+    fn owned(&self, addr: u64, len: usize) -> Option<&Mr> {
+        let (_, mr) = self.registry.range(..=addr).next_back()?;
+        mr.covers(addr, len).then_some(mr)
+    }
+
+    fn register_per_op(&mut self, peer: PeerId, addr: *const u8, len: usize, access: u64) -> Result<Mr, TransportError> {
+        self.stats.per_operation += 1;
+        self.registrations.fetch_add(1, Ordering::Relaxed);
+        self.fabric.register(addr, len, access).map_err(|e| TransportError::Io {
+            op: "fi_mr_reg",
+            peer,
+            source: std::io::Error::other(e.to_string()),
+        })
+    }
+
+    /// Starts a one-sided operation in pieces of at most `piece` bytes.
+    fn one_sided(&mut self, peer: PeerId, remote: &RemoteKey, local: *mut u8, len: usize, read: bool) -> Result<OpStatus, TransportError> {
+        let r = remote.slice(peer, 0, len as u64)?;
+        self.peer(peer)?;
+        if len == 0 {
+            return Ok(OpStatus::Done);
+        }
+        let access = u64::from(if read { sys::FI_READ } else { sys::FI_WRITE });
+        let (desc, mr) = self.local_desc(peer, local as u64, len, access)?;
+        let id = self.next_op;
+        self.next_op += 1;
+        let pieces = len.div_ceil(self.piece);
+        self.ops.insert(id, Op { peer, pieces: pieces as u32, local: mr, error: None });
+        for i in 0..pieces {
+            let off = i * self.piece;
+            let n = self.piece.min(len - off);
+            self.pending.push_back(Piece {
+                op: id,
+                peer,
+                // SAFETY: `off < len`: inside the caller's buffer.
+                local: unsafe { local.add(off) },
+                len: n,
+                desc,
+                remote_addr: r.addr + off as u64,
+                key: r.key,
+                read,
+            });
+        }
+        self.post_pending()?;
+        Ok(OpStatus::Pending(id))
+    }
+
+    /// Posts queued RMA pieces while the provider and our contexts accept them.
+    fn post_pending(&mut self) -> Result<(), TransportError> {
+        while let Some(pc) = self.pending.pop_front() {
+            let dest = match self.peers.get(pc.peer as usize) {
+                Some(Some(p)) if p.dead.is_none() => p.addr,
+                _ => {
+                    self.fail_piece(pc.op, pc.peer);
+                    continue;
+                }
+            };
+            let Some(ctx) = self.take_tx(Tx::Piece(pc.peer, pc.op)) else {
+                self.pending.push_front(pc);
+                return Ok(());
+            };
+            // SAFETY: `local` is the caller's buffer (lent until poll_ops
+            // reports the op), described by `desc` where the provider needs
+            // it; the remote range was checked against the peer's key; the
+            // context lives until the completion.
+            let rc = unsafe {
+                if pc.read {
+                    sys::fmx_fi_read(self.fabric.ep(), pc.local.cast(), pc.len, pc.desc, dest, pc.remote_addr, pc.key, self.ctx_ptr(ctx))
+                } else {
+                    sys::fmx_fi_write(self.fabric.ep(), pc.local.cast(), pc.len, pc.desc, dest, pc.remote_addr, pc.key, self.ctx_ptr(ctx))
+                }
+            };
+            match posted(rc) {
+                Ok(Posted::Yes) => {}
+                Ok(Posted::Again) => {
+                    self.give_tx(ctx);
+                    self.pending.push_front(pc);
+                    return Ok(());
+                }
+                Err(rc) => {
+                    self.give_tx(ctx);
+                    let status = strerror(rc);
+                    self.mark_dead(pc.peer, format!("posting an RMA operation failed: {status}"));
+                    self.fail_piece(pc.op, pc.peer);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn fail_piece(&mut self, id: u64, peer: PeerId) {
+        let reason = self.peers.get(peer as usize).and_then(Option::as_ref).and_then(|p| p.dead.clone()).unwrap_or_default();
+        if let Some(op) = self.ops.get_mut(&id) {
+            op.pieces -= 1;
+            op.error.get_or_insert(TransportError::PeerGone { peer, reason });
+            if op.pieces == 0 {
+                self.done_ops.push(id);
+            }
+        }
+    }
+
+    fn expose_region(&mut self, ptr: *mut u8, len: usize, writable: bool) -> Result<RemoteKey, TransportError> {
+        let addr = ptr as u64;
+        if let Some(mr) = self.owned(addr, len) {
+            let key = RemoteKey { addr: mr.remote_addr(addr), len: len as u64, key: mr.key };
+            self.stats.owned_hits += 1;
+            return Ok(key);
+        }
+        let access = u64::from(if writable { sys::FI_REMOTE_WRITE } else { sys::FI_REMOTE_READ });
+        // An empty buffer still gets a valid (1-byte) registration: some providers refuse length 0.
+        let mr = self.register_per_op(self.rank, ptr, len.max(1), access)?;
+        let key = RemoteKey { addr: mr.remote_addr(addr), len: len as u64, key: mr.key };
+        self.exposed.insert((key.addr, key.key), mr);
+        Ok(key)
+    }
+
+    fn probe(&mut self, peer: PeerId) {
+        let Some(Some(p)) = self.peers.get(peer as usize) else { return };
+        if p.probing || p.dead.is_some() || p.last_probe.elapsed() < PROBE_EVERY {
+            return;
+        }
+        let (addr, key, dest) = (p.mailbox_addr, p.mailbox_key, p.addr);
+        let Some(ctx) = self.take_tx(Tx::Probe(peer)) else { return };
+        let dst = self.outbox[8 * (self.size + peer) as usize..].as_mut_ptr();
+        // SAFETY: the destination word lies in the registered outbox (second
+        // half: probe words), used only by this probe until it completes.
+        let rc = unsafe { sys::fmx_fi_read(self.fabric.ep(), dst.cast(), 8, self.outbox_mr.desc, dest, addr, key, self.ctx_ptr(ctx)) };
+        if matches!(posted(rc), Ok(Posted::Yes)) {
+            let p = self.peers[peer as usize].as_mut().expect("a peer");
+            p.probing = true;
+            p.last_probe = Instant::now();
+        } else {
+            self.give_tx(ctx);
+        }
+    }
+
+    /// Writes our first mailbox word (the totals so far) to every peer and
+    /// makes progress until every peer's word has arrived: connection-based
+    /// providers (rxm) connect now, while every rank is making progress in
+    /// setup. Later, a first send to a peer busy elsewhere would wait for its
+    /// progress to accept the connection. Each rank leaves once it has heard
+    /// from all, so nobody waits for a rank that already left.
+    fn connect_all(&mut self, timeout: Duration) -> Result<(), TransportError> {
+        let deadline = Instant::now() + timeout;
+        let mut todo: Vec<PeerId> = (0..self.size).filter(|&r| r != self.rank).collect();
+        loop {
+            todo.retain(|&peer| {
+                let Some(ctx) = self.take_tx(Tx::Mailbox(peer)) else { return true };
+                let p = self.peers[peer as usize].as_mut().expect("a peer");
+                let (d, k) = p.credits.totals();
+                let (addr, key, dest) = (p.mailbox_addr, p.mailbox_key, p.addr);
+                let word = &mut self.outbox[8 * peer as usize..][..8];
+                word.copy_from_slice(&mailbox::encode(d, k, false).to_le_bytes());
+                // SAFETY: the source word lies in the registered outbox, unchanged
+                // until this write completes (mailbox_busy); the context lives until then.
+                let rc = unsafe {
+                    sys::fmx_fi_write(self.fabric.ep(), word.as_ptr().cast(), 8, self.outbox_mr.desc, dest, addr, key, self.ctx_ptr(ctx))
+                };
+                match posted(rc) {
+                    Ok(Posted::Yes) => {
+                        self.peers[peer as usize].as_mut().expect("a peer").mailbox_busy = true;
+                        false
+                    }
+                    Ok(Posted::Again) => {
+                        self.give_tx(ctx);
+                        true
+                    }
+                    Err(rc) => {
+                        self.give_tx(ctx);
+                        self.mark_dead(peer, format!("connecting failed: {}", strerror(rc)));
+                        false
+                    }
+                }
+            });
+            self.drain_cq()?;
+            if let Some((r, why)) = self.peers.iter().enumerate().find_map(|(r, p)| p.as_ref()?.dead.clone().map(|d| (r, d))) {
+                return Err(TransportError::PeerGone { peer: r as PeerId, reason: format!("while connecting: {why}") });
+            }
+            let silent: Vec<PeerId> =
+                (0..self.size).filter(|&r| r != self.rank && mailbox::decode(self.mailbox_word(r)).is_none()).collect();
+            if todo.is_empty() && silent.is_empty() {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                return Err(TransportError::Setup {
+                    what: format!(
+                        "connecting over libfabric provider {}: after {timeout:?} ranks {silent:?} had not reached us{}",
+                        self.provider,
+                        if todo.is_empty() { String::new() } else { format!(" and we could not start toward ranks {todo:?}") }
+                    ),
+                    source: std::io::Error::from(std::io::ErrorKind::TimedOut),
+                });
+            }
+            std::thread::yield_now();
+        }
+    }
+
+    /// Retries receive slots whose repost was refused, then returns their credits.
+    fn repost_unposted(&mut self) -> Result<(), TransportError> {
+        while let Some(&(slot, peer, class)) = self.unposted.front() {
+            match self.post_recv(slot) {
+                Ok(Posted::Yes) => {
+                    self.unposted.pop_front();
+                    if let Some(Some(p)) = self.peers.get_mut(peer as usize) {
+                        p.credits.on_release(class);
+                    }
+                    self.explicit_due = true;
+                }
+                Ok(Posted::Again) => return Ok(()),
+                Err(rc) => {
+                    return Err(TransportError::Io {
+                        op: "repost a receive slot (fi_trecv)",
+                        peer,
+                        source: std::io::Error::other(strerror(rc)),
+                    })
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn send_eager(&mut self, peer: PeerId, h: &MsgHeader, payload: &[u8]) -> Result<SendOutcome, TransportError> {
+        let len = HEADER_BYTES + payload.len();
+        let dest = self.peer(peer)?.addr;
+        let tag = u64::from(self.rank);
+        let mut hb = [0u8; HEADER_BYTES];
+        h.encode(&mut hb);
+        if len <= self.inject {
+            let mut buf = [0u8; 256];
+            buf[..HEADER_BYTES].copy_from_slice(&hb);
+            buf[HEADER_BYTES..len].copy_from_slice(payload);
+            // SAFETY: fi_tinject copies the `len` bytes of `buf` before it returns.
+            let rc = unsafe { sys::fmx_fi_tinject(self.fabric.ep(), buf.as_ptr().cast(), len, dest, tag) };
+            // rxm refuses injects while it connects to the peer, but queues sends: fall through to one.
+            if rc != -(sys::FI_EAGAIN as isize) {
+                return self.after_send(peer, rc);
+            }
+        }
+        let lease = match self.send_pool.lease()? {
+            Some(l) => l,
+            None => return Ok(SendOutcome::Backpressure),
+        };
+        let Some(ctx) = self.take_tx(Tx::Free) else {
+            self.send_pool.release(lease);
+            return Ok(SendOutcome::Backpressure);
+        };
+        let b = self.send_pool.buf_mut(&lease);
+        b[..HEADER_BYTES].copy_from_slice(&hb);
+        b[HEADER_BYTES..len].copy_from_slice(payload);
+        let src = b.as_ptr();
+        let desc = self.send_pool.handle(&lease).as_ref().map_or(ptr::null_mut(), |m| m.desc);
+        // SAFETY: the pooled buffer stays leased (and registered where needed)
+        // until this send completes; the context lives until then.
+        let rc = unsafe { sys::fmx_fi_tsend(self.fabric.ep(), src.cast(), len, desc, dest, tag, self.ctx_ptr(ctx)) };
+        let out = self.after_send(peer, rc);
+        if matches!(out, Ok(SendOutcome::Sent)) {
+            self.tx[ctx - self.recv_slots] = Tx::Slot(peer, lease);
+        } else {
+            self.give_tx(ctx);
+            self.send_pool.release(lease);
+        }
+        out
+    }
+
+    fn after_send(&mut self, peer: PeerId, rc: isize) -> Result<SendOutcome, TransportError> {
+        match posted(rc) {
+            Ok(Posted::Yes) => Ok(SendOutcome::Sent),
+            Ok(Posted::Again) => Ok(SendOutcome::Backpressure),
+            Err(rc) => {
+                let reason = format!("libfabric provider {} refused a send: {}", self.provider, strerror(rc));
+                self.mark_dead(peer, reason.clone());
+                Err(TransportError::PeerGone { peer, reason })
+            }
+        }
+    }
+}
+
+impl Drop for OfiEndpoint {
+    fn drop(&mut self) {
+        // The endpoint first: closing it cancels what is still posted into
+        // our slots and contexts; regions and the domain close after.
+        self.fabric.close_endpoint();
+        self.exposed.clear();
+        self.registry.clear();
+        self.ops.clear();
+    }
+}
+
+impl Endpoint for OfiEndpoint {
+    fn local_id(&self) -> PeerId {
+        self.rank
+    }
+
+    fn num_peers(&self) -> u32 {
+        self.size
+    }
+
+    fn max_eager(&self) -> usize {
+        self.slot_bytes - HEADER_BYTES
+    }
+
+    fn try_send(&mut self, peer: PeerId, header: &MsgHeader, payload: &[u8]) -> Result<SendOutcome, TransportError> {
+        let max = self.max_eager();
+        if payload.len() > max {
+            return Err(TransportError::EagerTooLarge { len: payload.len(), max });
+        }
+        if peer == self.rank {
+            if self.own.len() >= OWN_SLOTS {
+                return Ok(SendOutcome::Backpressure);
+            }
+            self.own.push_back((*header, payload.to_vec()));
+            return Ok(SendOutcome::Sent);
+        }
+        let class = class_of(header.kind);
+        if self.peer(peer)?.credits.peek(class) == Gate::Backpressure {
+            self.read_mailbox(peer);
+        }
+        match self.peer(peer)?.credits.peek(class) {
+            Gate::Go => {}
+            Gate::Backpressure => return Ok(SendOutcome::Backpressure),
+            Gate::NotAllowed => return Ok(SendOutcome::NotAllowed),
+        }
+        // The credit and the piggybacked returns count only if the send goes out.
+        let p = self.peer(peer)?;
+        let saved = p.credits.clone();
+        let gate = p.credits.try_take(class);
+        debug_assert_eq!(gate, Gate::Go);
+        let mut h = *header;
+        (h.credits, h.ctrl_credits) = p.credits.piggyback();
+        let out = self.send_eager(peer, &h, payload);
+        if !matches!(out, Ok(SendOutcome::Sent)) {
+            if let Some(Some(p)) = self.peers.get_mut(peer as usize) {
+                p.credits = saved;
+            }
+            if matches!(out, Ok(SendOutcome::Backpressure)) {
+                self.drain_cq()?; // make progress for the retry
+            }
+        }
+        out
+    }
+
+    fn credit(&mut self, peer: PeerId) -> SendOutcome {
+        if peer == self.rank {
+            return if self.own.len() < OWN_SLOTS { SendOutcome::Sent } else { SendOutcome::Backpressure };
+        }
+        let Ok(p) = self.peer(peer) else { return SendOutcome::Backpressure };
+        if p.credits.peek(Class::Data) == Gate::Backpressure {
+            self.read_mailbox(peer);
+        }
+        match self.peers[peer as usize].as_ref().map(|p| p.credits.peek(Class::Data)) {
+            Some(Gate::Go) => SendOutcome::Sent,
+            Some(Gate::NotAllowed) => SendOutcome::NotAllowed,
+            _ => SendOutcome::Backpressure,
+        }
+    }
+
+    fn poll<F>(&mut self, max: usize, mut sink: F) -> Result<usize, TransportError>
+    where
+        F: FnMut(PeerId, &MsgHeader, &[u8]),
+    {
+        let mut n = 0;
+        while n < max {
+            let Some((h, data)) = self.own.pop_front() else { break };
+            sink(self.rank, &h, &data);
+            n += 1;
+        }
+        self.drain_cq()?;
+        while n < max {
+            let Some((slot, len, peer)) = self.arrived.pop_front() else { break };
+            if !matches!(self.peers.get(peer as usize), Some(Some(_))) {
+                return Err(TransportError::Malformed { peer, what: "eager message tagged with an unknown sender" });
+            }
+            let bytes = &self.recv[slot * self.slot_bytes..][..len];
+            let h = MsgHeader::decode(bytes)
+                .map_err(|_| TransportError::Malformed { peer, what: "undecodable header in a libfabric receive slot" })?;
+            let class = class_of(h.kind);
+            let p = self.peers[peer as usize].as_mut().expect("checked above");
+            p.credits.on_receive(h.credits, h.ctrl_credits);
+            if h.kind != MsgKind::Credit {
+                sink(peer, &h, &bytes[HEADER_BYTES..]);
+            }
+            // The slot is free again only once reposted: its credit goes back after that.
+            self.unposted.push_back((slot, peer, class));
+            n += 1;
+        }
+        self.repost_unposted()?;
+        self.post_pending()?;
+        if self.explicit_due {
+            self.return_credits(false)?;
+        }
+        Ok(n)
+    }
+
+    fn expose(&mut self, buf: &[u8]) -> Result<RemoteKey, TransportError> {
+        // Not writable: peers get read access only.
+        self.expose_region(buf.as_ptr().cast_mut(), buf.len(), false)
+    }
+
+    fn expose_mut(&mut self, buf: &mut [u8]) -> Result<RemoteKey, TransportError> {
+        self.expose_region(buf.as_mut_ptr(), buf.len(), true)
+    }
+
+    fn revoke(&mut self, key: &RemoteKey) {
+        self.exposed.remove(&(key.addr, key.key)); // an owned buffer: nothing to do
+    }
+
+    fn read(&mut self, peer: PeerId, remote: &RemoteKey, local: &mut [u8]) -> Result<OpStatus, TransportError> {
+        self.one_sided(peer, remote, local.as_mut_ptr(), local.len(), true)
+    }
+
+    fn write(&mut self, peer: PeerId, local: &[u8], remote: &RemoteKey) -> Result<OpStatus, TransportError> {
+        // A write only reads `local`; the pointer is not written through.
+        self.one_sided(peer, remote, local.as_ptr().cast_mut(), local.len(), false)
+    }
+
+    fn poll_ops<F>(&mut self, mut done: F) -> Result<usize, TransportError>
+    where
+        F: FnMut(u64, Result<(), TransportError>),
+    {
+        self.drain_cq()?;
+        self.post_pending()?;
+        let finished = std::mem::take(&mut self.done_ops);
+        let n = finished.len();
+        for id in finished {
+            let Some(op) = self.ops.remove(&id) else { continue };
+            drop(op.local);
+            let _ = op.peer;
+            done(id, op.error.map_or(Ok(()), Err));
+        }
+        Ok(n)
+    }
+
+    fn peer_state(&mut self, peer: PeerId) -> PeerState {
+        if peer == self.rank {
+            return if self.finalized { PeerState::Finalized } else { PeerState::Alive };
+        }
+        if peer >= self.size {
+            return PeerState::Dead;
+        }
+        if mailbox::decode(self.mailbox_word(peer)).is_some_and(|(_, _, fin)| fin) {
+            return PeerState::Finalized;
+        }
+        let _ = self.drain_cq();
+        let Some(Some(p)) = self.peers.get(peer as usize) else { return PeerState::Dead };
+        if p.dead.is_some() || p.watch.as_ref().is_some_and(PeerWatch::exited) {
+            return PeerState::Dead;
+        }
+        if p.watch.is_none() {
+            self.probe(peer); // another host: a failed probe marks it dead
+        }
+        PeerState::Alive
+    }
+
+    fn reallocate_credits(&mut self) -> Result<(), TransportError> {
+        if self.reallocated {
+            return Ok(());
+        }
+        self.reallocated = true;
+        for p in self.peers.iter_mut().flatten() {
+            p.credits.reallocate(&self.credit);
+        }
+        self.return_credits(true)
+    }
+
+    fn receive_memory(&self) -> ReceiveMemory {
+        let peers = self.size.saturating_sub(1) as usize;
+        let eager = self.credit.slice as usize * peers * self.slot_bytes;
+        ReceiveMemory {
+            eager_pool: eager,
+            per_peer: self.credit.slice as usize * self.slot_bytes,
+            control: CTRL_SLOTS as usize * peers * self.slot_bytes,
+            own: OWN_SLOTS * self.slot_bytes,
+            eager_resident: eager,
+        }
+    }
+
+    fn register_owned(&mut self, region: &[u8]) -> Result<(), TransportError> {
+        if region.is_empty() {
+            return Ok(());
+        }
+        self.registrations.fetch_add(1, Ordering::Relaxed);
+        let access = u64::from(sys::FI_SEND | sys::FI_RECV | sys::FI_READ | sys::FI_WRITE | sys::FI_REMOTE_READ | sys::FI_REMOTE_WRITE);
+        let mr = self.fabric.register(region.as_ptr(), region.len(), access)?;
+        self.registry.insert(mr.base, mr);
+        Ok(())
+    }
+
+    fn deregister_owned(&mut self, region: &[u8]) {
+        self.registry.remove(&(region.as_ptr() as u64));
+    }
+
+    fn registration_stats(&self) -> RegistrationStats {
+        RegistrationStats { registrations: self.registrations.load(Ordering::Relaxed), ..self.stats }
+    }
+
+    fn finalize(&mut self) -> Result<(), TransportError> {
+        if self.finalized {
+            return Ok(());
+        }
+        self.finalized = true;
+        // Wait (bounded) for every mailbox word to leave, with the finalized flag.
+        let deadline = Instant::now() + Duration::from_secs(2);
+        loop {
+            self.drain_cq()?;
+            self.return_credits(true)?;
+            if !self.explicit_due || Instant::now() >= deadline {
+                break;
+            }
+            std::thread::yield_now();
+        }
+        while self.peers.iter().flatten().any(|p| p.dead.is_none() && p.mailbox_busy) && Instant::now() < deadline {
+            self.drain_cq()?;
+            std::thread::yield_now();
+        }
+        Ok(())
+    }
+}

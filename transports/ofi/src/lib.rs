@@ -1,0 +1,43 @@
+//! # fmx-ofi: the libfabric transport
+//!
+//! One `FI_EP_RDM` endpoint per process over whatever provider the host has
+//! (`tcp;ofi_rxm` and `shm` on ordinary hosts, `verbs;ofi_rxm` on RoCE and
+//! InfiniBand, and efa, cxi, psm3 where they exist), its address vector
+//! filled from the bootstrap's exchange of endpoint names.
+//!
+//! - **Eager**: tagged sends (the tag carries the sender's rank) into receive
+//!   slots pre-posted from any source. Slots are credits (FM's send rule,
+//!   `fmx_transport::credit`), so the provider never has to buffer an
+//!   unexpected message: its own flow control is not relied on, because on
+//!   RDM endpoints it is unbounded buffering (rxm's unexpected queue), not
+//!   backpressure. Credits return piggybacked in headers or as an 8-byte
+//!   `fi_write` of cumulative totals into the peer's mailbox. Messages up to
+//!   the provider's inject size go with `fi_tinject` (no completion).
+//! - **Rendezvous**: `fi_read`/`fi_write` straight between user buffers, in
+//!   pieces of `FMX_OFI_PIECE` bytes. Registration follows ownership: the
+//!   core's registered buffers are registered once; plain slices are
+//!   registered per operation only where the provider needs local
+//!   descriptors (`FI_MR_LOCAL`).
+//! - **Registration modes**: `FI_MR_LOCAL`, `FI_MR_VIRT_ADDR` (else keys
+//!   address offsets), `FI_MR_ALLOCATED`, `FI_MR_PROV_KEY` (else fmx picks
+//!   unique keys), `FI_MR_ENDPOINT` (regions bound to the endpoint).
+//! - **Completions** are read in batches of 16 from one tagged-format queue.
+//! - **Failures**: an error completion (`fi_cq_readerr`) marks the peer dead
+//!   with the provider's name and reason; peers on this host are also
+//!   watched with a pidfd, peers elsewhere probed with 8-byte reads.
+//!
+//! Provider choice: libfabric's first (best) answer, `FMX_OFI_PROVIDER`
+//! (an exact name such as `tcp;ofi_rxm`) or libfabric's own `FI_PROVIDER`.
+//! Every rank must end up with the same provider (checked at connect).
+//! Settings: `FMX_OFI_PIECE`, `FMX_OFI_DEBUG`, and the shared
+//! `FMX_POOL_SLOTS`, `FMX_SLOT_BYTES`, `FMX_NEWCOMER_CREDITS`, `FMX_CREDIT_THRESHOLD`.
+
+mod address;
+pub mod endpoint;
+pub mod fabric;
+
+pub use endpoint::{OfiConfig, OfiEndpoint, OfiSetup, DEFAULT_PIECE, DEFAULT_POOL_SLOTS, DEFAULT_SLOT_BYTES};
+pub use fabric::{Info, MrMode};
+
+/// The libfabric version this build was compiled against.
+pub const LIBFABRIC_VERSION: &str = sys::LIBFABRIC_VERSION;
