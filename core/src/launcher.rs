@@ -45,6 +45,9 @@ pub struct Launch {
     pub timeout: Option<Duration>,
     /// More environment for the ranks.
     pub env: Vec<(OsString, OsString)>,
+    /// Where the rendezvous listens: 127.0.0.1 unless ranks run in other
+    /// network namespaces and reach it over a veth (the two-namespace test).
+    pub bind: std::net::IpAddr,
 }
 
 /// How a job ended.
@@ -84,6 +87,7 @@ impl Launch {
             kill_grace: Duration::from_secs(2),
             timeout: None,
             env: Vec::new(),
+            bind: std::net::Ipv4Addr::LOCALHOST.into(),
         }
     }
 
@@ -97,8 +101,8 @@ impl Launch {
                 return Err(Error::Launch(format!("unknown transport {t:?} (known: {})", crate::TRANSPORT_NAMES.join(", "))));
             }
         }
-        let listener =
-            TcpListener::bind("127.0.0.1:0").map_err(|e| Error::Launch(format!("binding the rendezvous socket on 127.0.0.1: {e}")))?;
+        let listener = TcpListener::bind((self.bind, 0))
+            .map_err(|e| Error::Launch(format!("binding the rendezvous socket on {}: {e}", self.bind)))?;
         let addr = listener.local_addr().map_err(|e| Error::Launch(format!("rendezvous address: {e}")))?;
         let job = new_job_id();
         let (tx, rx) = mpsc::channel();

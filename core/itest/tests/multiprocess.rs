@@ -7,9 +7,25 @@ fn launch(np: u32, scenario: &str) -> (fmx::launcher::Outcome, Duration) {
 }
 
 fn launch_env(np: u32, scenario: &str, env: &[(&str, &str)]) -> (fmx::launcher::Outcome, Duration) {
-    let mut l = fmx::launcher::Launch::new(np, env!("CARGO_BIN_EXE_fmx-itest-rank"));
+    let rank_program = env!("CARGO_BIN_EXE_fmx-itest-rank");
+    // FMX_ITEST_WRAPPER runs each rank through a wrapper (hw-tests/netns: odd ranks in another
+    // network namespace), and FMX_ITEST_BIND puts the rendezvous where they reach it.
+    let mut l = match std::env::var("FMX_ITEST_WRAPPER") {
+        Ok(w) if !w.is_empty() => {
+            let mut l = fmx::launcher::Launch::new(np, w);
+            l.args = vec![rank_program.into(), scenario.into()];
+            l
+        }
+        _ => {
+            let mut l = fmx::launcher::Launch::new(np, rank_program);
+            l.args = vec![scenario.into()];
+            l
+        }
+    };
+    if let Ok(bind) = std::env::var("FMX_ITEST_BIND") {
+        l.bind = bind.parse().expect("FMX_ITEST_BIND is an IP address");
+    }
     l.env = env.iter().map(|(k, v)| (k.into(), v.into())).collect();
-    l.args = vec![scenario.into()];
     // FMX_ITEST_TRANSPORT=verbs runs the suite over verbs (inside the Soft-RoCE VM).
     l.transport = transport();
     l.capture = true;

@@ -1,11 +1,11 @@
-//! `fmxrun -n N [--transport NAME] [-l|--label] [--kill-grace SECS] [--timeout SECS] PROGRAM ARGS...`
+//! `fmxrun -n N [--transport NAME] [--bind ADDR] [-l|--label] [--kill-grace SECS] [--timeout SECS] PROGRAM ARGS...`
 //!
 //! Starts N ranks of PROGRAM on this host; see `fmx::launcher`.
 
 use std::ffi::OsString;
 use std::time::Duration;
 
-const USAGE: &str = "usage: fmxrun -n N [--transport auto|shm] [-l|--label] [--kill-grace SECS] [--timeout SECS] PROGRAM [ARGS...]";
+const USAGE: &str = "usage: fmxrun -n N [--transport auto|shm|verbs|ofi] [--bind ADDR] [-l|--label] [--kill-grace SECS] [--timeout SECS] PROGRAM [ARGS...]";
 
 fn parse(mut args: impl Iterator<Item = OsString>) -> Result<fmx::launcher::Launch, String> {
     let mut np = None;
@@ -13,6 +13,7 @@ fn parse(mut args: impl Iterator<Item = OsString>) -> Result<fmx::launcher::Laun
     let mut label = false;
     let mut grace = Duration::from_secs(2);
     let mut timeout = None;
+    let mut bind = None;
     let secs = |v: Option<OsString>, what: &str| -> Result<Duration, String> {
         let v = v.ok_or_else(|| format!("{what} needs a value"))?;
         let s = v.to_string_lossy();
@@ -30,6 +31,10 @@ fn parse(mut args: impl Iterator<Item = OsString>) -> Result<fmx::launcher::Laun
                 np = Some(n);
             }
             Some("--transport") => transport = Some(args.next().ok_or("--transport needs a name")?.to_string_lossy().into_owned()),
+            Some("--bind") => {
+                let v = args.next().ok_or("--bind needs an address")?;
+                bind = Some(v.to_string_lossy().parse().map_err(|_| format!("--bind: {v:?} is not an IP address"))?);
+            }
             Some("-l" | "--label") => label = true,
             Some("--kill-grace") => grace = secs(args.next(), "--kill-grace")?,
             Some("--timeout") => timeout = Some(secs(args.next(), "--timeout")?),
@@ -43,6 +48,9 @@ fn parse(mut args: impl Iterator<Item = OsString>) -> Result<fmx::launcher::Laun
                 l.label = label;
                 l.kill_grace = grace;
                 l.timeout = timeout;
+                if let Some(b) = bind {
+                    l.bind = b;
+                }
                 return Ok(l);
             }
         }

@@ -59,6 +59,8 @@ pub struct OfiConfig {
     pub size: u32,
     /// The provider by name (`tcp;ofi_rxm`, `shm`, `verbs;ofi_rxm`); `None`: libfabric's best.
     pub provider: Option<String>,
+    /// The domain by name (`lo`, `eth0`, `mlx5_0`, `rxe0`); `None`: the provider's first.
+    pub domain: Option<String>,
     /// Eager pool slots (`P`).
     pub pool: u32,
     /// Bytes per slot.
@@ -72,13 +74,14 @@ pub struct OfiConfig {
 }
 
 impl OfiConfig {
-    /// Defaults, overridden by `FMX_OFI_PROVIDER`, `FMX_OFI_PIECE`, and the
+    /// Defaults, overridden by `FMX_OFI_PROVIDER`, `FMX_OFI_DOMAIN`, `FMX_OFI_PIECE`, and the
     /// shared `FMX_POOL_SLOTS`, `FMX_SLOT_BYTES`, `FMX_NEWCOMER_CREDITS`, `FMX_CREDIT_THRESHOLD`.
     pub fn from_env(rank: u32, size: u32) -> Result<Self, TransportError> {
         Ok(Self {
             rank,
             size,
             provider: std::env::var("FMX_OFI_PROVIDER").ok().filter(|p| !p.is_empty()),
+            domain: std::env::var("FMX_OFI_DOMAIN").ok().filter(|d| !d.is_empty()),
             pool: env_positive("FMX_POOL_SLOTS")?.map_or(DEFAULT_POOL_SLOTS, |n| n as u32),
             slot_bytes: env_positive("FMX_SLOT_BYTES")?.unwrap_or(DEFAULT_SLOT_BYTES).max(HEADER_BYTES + 8),
             newcomer: env_positive("FMX_NEWCOMER_CREDITS")?.map_or(DEFAULT_NEWCOMER_CREDITS, |n| n as u32),
@@ -181,7 +184,7 @@ impl OfiSetup {
     pub fn create(cfg: OfiConfig) -> Result<Self, TransportError> {
         let credit =
             CreditConfig::for_transport(cfg.pool, cfg.size.saturating_sub(1), cfg.newcomer, cfg.threshold, CTRL_SLOTS, "FMX_POOL_SLOTS")?;
-        let info = Info::query(cfg.provider.as_deref())?;
+        let info = Info::query(cfg.provider.as_deref(), cfg.domain.as_deref())?;
         let provider = info.provider();
         let peers = cfg.size.saturating_sub(1);
         let recv_slots = (cfg.pool + CTRL_SLOTS * peers) as usize;
@@ -195,6 +198,10 @@ impl OfiSetup {
                 ),
                 source: std::io::Error::from(std::io::ErrorKind::InvalidInput),
             });
+        }
+        if std::env::var_os("FMX_OFI_DEBUG").is_some() {
+            let (fabric, domain) = info.fabric_and_domain();
+            eprintln!("fmx-ofi rank {}: provider {provider}, fabric {fabric}, domain {domain}, mr_mode {:?}", cfg.rank, info.mr_mode());
         }
         let inject = info.inject_size();
         let max_msg = info.max_msg_size();

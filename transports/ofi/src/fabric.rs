@@ -71,6 +71,8 @@ impl MrMode {
 /// `FI_EP_RDM` offer with tagged messages and RMA, in source order.
 pub struct Info {
     list: *mut fi_info,
+    /// The entry used: the first, or the first on the requested domain.
+    chosen: *mut fi_info,
 }
 
 // SAFETY: the list is owned by this value alone and only read after fi_getinfo.
@@ -87,7 +89,7 @@ impl Info {
     /// Asks libfabric for reliable datagram endpoints with tagged messages,
     /// RMA and send-after-send order. `provider` (e.g. `"tcp;ofi_rxm"`)
     /// restricts the answer; `FI_PROVIDER` restricts it inside libfabric.
-    pub fn query(provider: Option<&str>) -> Result<Self, TransportError> {
+    pub fn query(provider: Option<&str>, domain: Option<&str>) -> Result<Self, TransportError> {
         // SAFETY: fi_dupinfo(NULL) allocates a zeroed fi_info with its attribute structs (fi_allocinfo).
         let hints = unsafe { sys::fi_dupinfo(ptr::null()) };
         if hints.is_null() {
@@ -111,33 +113,56 @@ impl Info {
                 let c = CString::new(p).map_err(|_| fail("provider name with a NUL byte", p, -i64::from(sys::FI_EINVAL)))?;
                 (*h.fabric_attr).prov_name = libc::strdup(c.as_ptr());
             }
+            if let Some(d) = domain {
+                let c = CString::new(d).map_err(|_| fail("domain name with a NUL byte", d, -i64::from(sys::FI_EINVAL)))?;
+                (*h.domain_attr).name = libc::strdup(c.as_ptr());
+            }
             let mut list = ptr::null_mut();
             let rc = sys::fi_getinfo(sys::fmx_fi_header_version(), ptr::null(), ptr::null(), 0, hints, &raw mut list);
             sys::fi_freeinfo(hints);
             (rc, list)
         };
+        // Providers may list other domains despite the hint (tcp in 1.17 does): pick ourselves.
+        let chosen = match rc {
+            (0, list) => {
+                let mut e = list;
+                // SAFETY: walking the list fi_getinfo returned; every entry has domain_attr.
+                while !e.is_null() && domain.is_some_and(|d| Self::c_str(unsafe { (*(*e).domain_attr).name }) != d) {
+                    e = unsafe { (*e).next };
+                }
+                if e.is_null() && !list.is_null() {
+                    // SAFETY: the list came from fi_getinfo and is not used after this.
+                    unsafe { sys::fi_freeinfo(list) };
+                }
+                e
+            }
+            _ => ptr::null_mut(),
+        };
         match rc {
-            (0, list) if !list.is_null() => Ok(Self { list }),
+            (0, list) if !chosen.is_null() => Ok(Self { list, chosen }),
             (rc, _) => {
-                let which = provider.map_or_else(
+                let mut which = provider.map_or_else(
                     || std::env::var("FI_PROVIDER").map_or("any provider".into(), |p| format!("FI_PROVIDER={p}")),
                     |p| format!("provider {p:?}"),
                 );
+                if let Some(d) = domain {
+                    which += &format!(" on domain {d:?}");
+                }
                 Err(TransportError::Setup {
                     what: format!(
                         "no libfabric provider offers reliable datagram endpoints (FI_EP_RDM) with tagged messages, RMA and \
                          send-after-send order for {which} (libfabric {}; `fi_info -t FI_EP_RDM` lists what this host has)",
                         sys::LIBFABRIC_VERSION
                     ),
-                    source: std::io::Error::other(strerror(i64::from(rc))),
+                    source: std::io::Error::other(strerror(i64::from(rc.min(-(sys::FI_ENODATA as i32))))),
                 })
             }
         }
     }
 
     fn first(&self) -> &fi_info {
-        // SAFETY: `list` is a non-null list returned by fi_getinfo, alive until drop.
-        unsafe { &*self.list }
+        // SAFETY: `chosen` is a non-null entry of the list fi_getinfo returned, alive until drop.
+        unsafe { &*self.chosen }
     }
 
     fn c_str(p: *const std::ffi::c_char) -> String {
@@ -244,7 +269,7 @@ impl Fabric {
             _info: info,
         };
         let p = me.provider.clone();
-        let i = me._info.list;
+        let i = me._info.chosen;
         // SAFETY: `i` is the chosen fi_info; every out-pointer is a field of
         // `me`, which closes whatever was opened if a later step fails (Drop).
         unsafe {
