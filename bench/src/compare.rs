@@ -14,9 +14,6 @@ use std::process::Command;
 
 use crate::report::{parse_osu, Row};
 
-const BEGIN: &str = "<!-- perf-table:begin -->";
-const END: &str = "<!-- perf-table:end -->";
-
 /// Open MPI's shared-memory path, with its out-of-band wiring kept on loopback.
 pub(crate) const OMPI_SHM_LO: [&str; 12] =
     ["--mca", "pml", "ob1", "--mca", "btl", "self,vader", "--mca", "oob_tcp_if_include", "lo", "--mca", "btl_tcp_if_include", "lo"];
@@ -106,12 +103,7 @@ pub fn main(args: &[String]) -> Result<(), String> {
     let text = render(&table, &names);
     print!("{text}");
     if let Some(path) = readme {
-        let old = std::fs::read_to_string(&path).map_err(|e| format!("{path}: {e}"))?;
-        let (Some(a), Some(b)) = (old.find(BEGIN), old.find(END)) else {
-            return Err(format!("{path} has no {BEGIN} ... {END} block"));
-        };
-        let new = format!("{}{BEGIN}\n{text}{}", &old[..a], &old[b..]);
-        std::fs::write(&path, new).map_err(|e| format!("{path}: {e}"))?;
+        crate::report::update_readme(&path, "perf-table", &text)?;
     }
     Ok(())
 }

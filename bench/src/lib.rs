@@ -1,11 +1,12 @@
 //! The perf library behind `fmx-perf` (kept apart from the CLI, like UCX's
 //! libperf): parameters, the OSU-methodology measurement loops, results and
-//! their OSU-column / JSON rendering, and the side-by-side comparison with
-//! MPI peers.
+//! their OSU-column / JSON rendering, and the side-by-side comparisons with
+//! MPI peers and fi_pingpong.
 
 pub mod compare;
 pub mod neighbor;
 pub mod neighbor_compare;
+pub mod ofi_compare;
 pub mod osu;
 pub mod params;
 pub mod report;

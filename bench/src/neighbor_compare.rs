@@ -8,9 +8,6 @@ use std::process::Command;
 
 use crate::neighbor::{parse, NeighborRow, KS};
 
-const BEGIN: &str = "<!-- neighbor-table:begin -->";
-const END: &str = "<!-- neighbor-table:end -->";
-
 fn run(cmd: &mut Command) -> Result<String, String> {
     let out = cmd.output().map_err(|e| format!("{cmd:?}: {e}"))?;
     if !out.status.success() {
@@ -105,11 +102,7 @@ pub fn main(args: &[String]) -> Result<(), String> {
     text.push_str("\nAbove 1 means fmx's persistent exchange is faster than the faster MPI.\n");
     print!("{text}");
     if let Some(path) = readme {
-        let old = std::fs::read_to_string(&path).map_err(|e| format!("{path}: {e}"))?;
-        let (Some(a), Some(b)) = (old.find(BEGIN), old.find(END)) else {
-            return Err(format!("{path} has no {BEGIN} ... {END} block"));
-        };
-        std::fs::write(&path, format!("{}{BEGIN}\n{text}{}", &old[..a], &old[b..])).map_err(|e| format!("{path}: {e}"))?;
+        crate::report::update_readme(&path, "neighbor-table", &text)?;
     }
     Ok(())
 }

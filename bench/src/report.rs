@@ -41,6 +41,16 @@ pub fn parse_osu(text: &str) -> Vec<Row> {
         .collect()
 }
 
+/// Replaces the table between `<!-- NAME:begin -->` and `<!-- NAME:end -->` in `path` with `text`.
+pub fn update_readme(path: &str, name: &str, text: &str) -> Result<(), String> {
+    let (begin, end) = (format!("<!-- {name}:begin -->"), format!("<!-- {name}:end -->"));
+    let old = std::fs::read_to_string(path).map_err(|e| format!("{path}: {e}"))?;
+    let (Some(a), Some(b)) = (old.find(&begin), old.find(&end)) else {
+        return Err(format!("{path} has no {begin} ... {end} block"));
+    };
+    std::fs::write(path, format!("{}{begin}\n{text}{}", &old[..a], &old[b..])).map_err(|e| format!("{path}: {e}"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -101,8 +101,8 @@ impl Launch {
                 return Err(Error::Launch(format!("unknown transport {t:?} (known: {})", crate::TRANSPORT_NAMES.join(", "))));
             }
         }
-        let listener = TcpListener::bind((self.bind, 0))
-            .map_err(|e| Error::Launch(format!("binding the rendezvous socket on {}: {e}", self.bind)))?;
+        let listener =
+            TcpListener::bind((self.bind, 0)).map_err(|e| Error::Launch(format!("binding the rendezvous socket on {}: {e}", self.bind)))?;
         let addr = listener.local_addr().map_err(|e| Error::Launch(format!("rendezvous address: {e}")))?;
         let job = new_job_id();
         let (tx, rx) = mpsc::channel();

@@ -24,7 +24,7 @@ for line in lines:
     if m:
         done = int(m.group(1))
         continue
-    if line.startswith(("FMX-VM counters", "FMX-VM netns")):
+    if line.startswith(("FMX-VM counters", "FMX-VM netns", "FMX-VM fi_info")):
         print(line[len("FMX-VM "):])
     if line.startswith("FMX-CAPS-ROW "):
         extra_rows.append(line[len("FMX-CAPS-ROW "):])

@@ -6,13 +6,15 @@
 use std::process::ExitCode;
 
 use fmx_bench::params::{Params, Test};
-use fmx_bench::{compare, neighbor, neighbor_compare, osu, report};
+use fmx_bench::{compare, neighbor, neighbor_compare, ofi_compare, osu, report};
 
 const USAGE: &str = "usage:
   fmx-perf latency|bw|bibw [--min-size B] [--max-size B] [--iters N] [--warmup N] [--window N] [--json] [--plain] [--transport NAME]
   fmx-perf compare [--sizes 8,1048576,4194304] [--update-readme FILE] [--no-peers]
   fmx-perf neighbor [--np N] [--ks 1,64,4096,65536]        (alone: N local ranks, default 2; or under fmxrun/mpiexec/srun)
-  fmx-perf neighbor-compare [--ranks 2,4] [--ks ...] [--update-readme FILE]";
+  fmx-perf neighbor-compare [--ranks 2,4] [--ks ...] [--update-readme FILE]
+  fmx-perf ofi-compare [--provider tcp;ofi_rxm] [--domain lo] [--server 127.0.0.1] [--sizes 8,1048576] [--iters N] [--update-readme FILE]
+                       (needs the `ofi` feature: cargo run --release --features fmx-bench/ofi --bin fmx-perf -- ofi-compare)";
 
 fn size_arg(v: Option<String>, what: &str) -> Result<usize, String> {
     let v = v.ok_or_else(|| format!("{what} needs a value"))?;
@@ -117,29 +119,19 @@ fn neighbor_main(args: &[String]) -> Result<(), String> {
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    if args.first().map(String::as_str) == Some("compare") {
-        return match compare::main(&args[1..]) {
+    // Subcommands with their own options.
+    let sub: Option<(&str, fn(&[String]) -> Result<(), String>)> = match args.first().map(String::as_str) {
+        Some("compare") => Some(("compare", |a| compare::main(&a[1..]))),
+        Some("neighbor-compare") => Some(("neighbor-compare", |a| neighbor_compare::main(&a[1..]))),
+        Some("ofi-compare") => Some(("ofi-compare", |a| ofi_compare::main(&a[1..]))),
+        Some("neighbor") => Some(("neighbor", neighbor_main)),
+        _ => None,
+    };
+    if let Some((name, run)) = sub {
+        return match run(&args) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
-                eprintln!("fmx-perf compare: {e}");
-                ExitCode::FAILURE
-            }
-        };
-    }
-    if args.first().map(String::as_str) == Some("neighbor-compare") {
-        return match neighbor_compare::main(&args[1..]) {
-            Ok(()) => ExitCode::SUCCESS,
-            Err(e) => {
-                eprintln!("fmx-perf neighbor-compare: {e}");
-                ExitCode::FAILURE
-            }
-        };
-    }
-    if args.first().map(String::as_str) == Some("neighbor") {
-        return match neighbor_main(&args) {
-            Ok(()) => ExitCode::SUCCESS,
-            Err(e) => {
-                eprintln!("fmx-perf neighbor: {e}");
+                eprintln!("fmx-perf {name}: {e}");
                 ExitCode::FAILURE
             }
         };

@@ -5,7 +5,8 @@
 use std::ffi::OsString;
 use std::time::Duration;
 
-const USAGE: &str = "usage: fmxrun -n N [--transport auto|shm|verbs|ofi] [--bind ADDR] [-l|--label] [--kill-grace SECS] [--timeout SECS] PROGRAM [ARGS...]";
+const USAGE: &str =
+    "usage: fmxrun -n N [--transport auto|shm|verbs|ofi] [--bind ADDR] [-l|--label] [--kill-grace SECS] [--timeout SECS] PROGRAM [ARGS...]";
 
 fn parse(mut args: impl Iterator<Item = OsString>) -> Result<fmx::launcher::Launch, String> {
     let mut np = None;

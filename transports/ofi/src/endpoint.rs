@@ -60,6 +60,7 @@ pub struct OfiConfig {
     /// The provider by name (`tcp;ofi_rxm`, `shm`, `verbs;ofi_rxm`); `None`: libfabric's best.
     pub provider: Option<String>,
     /// The domain by name (`lo`, `eth0`, `mlx5_0`, `rxe0`); `None`: the provider's first.
+    /// From `FMX_OFI_DOMAIN`, a name or a comma-separated list taken by rank.
     pub domain: Option<String>,
     /// Eager pool slots (`P`).
     pub pool: u32,
@@ -81,7 +82,11 @@ impl OfiConfig {
             rank,
             size,
             provider: std::env::var("FMX_OFI_PROVIDER").ok().filter(|p| !p.is_empty()),
-            domain: std::env::var("FMX_OFI_DOMAIN").ok().filter(|d| !d.is_empty()),
+            // A comma-separated list is taken by rank (rank r uses entry r mod len).
+            domain: std::env::var("FMX_OFI_DOMAIN").ok().and_then(|d| {
+                let names: Vec<&str> = d.split(',').map(str::trim).filter(|n| !n.is_empty()).collect();
+                (!names.is_empty()).then(|| names[rank as usize % names.len()].to_owned())
+            }),
             pool: env_positive("FMX_POOL_SLOTS")?.map_or(DEFAULT_POOL_SLOTS, |n| n as u32),
             slot_bytes: env_positive("FMX_SLOT_BYTES")?.unwrap_or(DEFAULT_SLOT_BYTES).max(HEADER_BYTES + 8),
             newcomer: env_positive("FMX_NEWCOMER_CREDITS")?.map_or(DEFAULT_NEWCOMER_CREDITS, |n| n as u32),

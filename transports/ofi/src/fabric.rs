@@ -101,7 +101,7 @@ impl Info {
             let h = &mut *hints;
             h.caps = wanted_caps();
             // fmx hands every operation a context of fi_context2 size that lives until its completion.
-            h.mode = sys::FI_CONTEXT | sys::FI_CONTEXT2;
+            h.mode = sys::fmx_fi_context_modes();
             (*h.ep_attr).type_ = sys::FI_EP_RDM;
             (*h.domain_attr).mr_mode = MrMode::supported() as i32;
             (*h.domain_attr).threading = sys::FI_THREAD_DOMAIN;

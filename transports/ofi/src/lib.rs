@@ -29,7 +29,8 @@
 //! Provider choice: libfabric's first (best) answer, `FMX_OFI_PROVIDER`
 //! (an exact name such as `tcp;ofi_rxm`) or libfabric's own `FI_PROVIDER`;
 //! the domain (an interface or device: `lo`, `eth0`, `rxe0`) by
-//! `FMX_OFI_DOMAIN`, else the provider's first.
+//! `FMX_OFI_DOMAIN` (a comma-separated list is taken by rank), else the
+//! provider's first.
 //! Every rank must end up with the same provider (checked at connect).
 //! Settings: `FMX_OFI_PIECE`, `FMX_OFI_DEBUG`, and the shared
 //! `FMX_POOL_SLOTS`, `FMX_SLOT_BYTES`, `FMX_NEWCOMER_CREDITS`, `FMX_CREDIT_THRESHOLD`.

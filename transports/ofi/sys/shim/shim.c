@@ -3,6 +3,17 @@
 
 uint32_t fmx_fi_header_version(void) { return FI_VERSION(FI_MAJOR_VERSION, FI_MINOR_VERSION); }
 
+uint64_t fmx_fi_context_modes(void) {
+    uint64_t m = 0;
+#ifdef FI_CONTEXT
+    m |= FI_CONTEXT;
+#endif
+#ifdef FI_CONTEXT2
+    m |= FI_CONTEXT2;
+#endif
+    return m;
+}
+
 int fmx_fi_fabric(struct fi_fabric_attr *attr, struct fid_fabric **fabric, void *context) {
     return fi_fabric(attr, fabric, context);
 }

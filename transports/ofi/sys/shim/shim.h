@@ -15,6 +15,11 @@
 /* The API version of the headers we were built against. */
 uint32_t fmx_fi_header_version(void);
 
+/* The context mode bits these headers define (FI_CONTEXT, FI_CONTEXT2): fmx
+ * gives every operation a context of fi_context2 size, so it accepts both.
+ * A function, not the macros, so that headers without one of them build. */
+uint64_t fmx_fi_context_modes(void);
+
 int fmx_fi_fabric(struct fi_fabric_attr *attr, struct fid_fabric **fabric, void *context);
 int fmx_fi_domain(struct fid_fabric *fabric, struct fi_info *info, struct fid_domain **domain, void *context);
 int fmx_fi_endpoint(struct fid_domain *domain, struct fi_info *info, struct fid_ep **ep, void *context);

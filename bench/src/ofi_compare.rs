@@ -1,0 +1,155 @@
+//! `fmx-perf ofi-compare`: fmx over libfabric beside `fi_pingpong` (from
+//! Debian's libfabric-bin) on the same provider and domain, same sizes, one run.
+//!
+//! fi_pingpong is a ping-pong: its `usec/xfer` is the one-way time and its
+//! `MB/sec` is `size / usec/xfer`. fmx's figures are measured the same way
+//! (fmx-perf latency: OSU one-way latency over registered buffers), so both
+//! columns of a row mean the same thing; fmx's streaming bandwidth (fmx-perf
+//! bw, a window of 16 messages) is printed as an extra row. Both sides are
+//! pinned: fmx-perf pins its ranks, fi_pingpong runs under `taskset`.
+//! With `--update-readme FILE` the table replaces the block between
+//! `<!-- ofi-table:begin -->` and `<!-- ofi-table:end -->`.
+
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use crate::report::parse_osu;
+
+struct Options {
+    provider: String,
+    domain: Option<String>,
+    /// Where the fi_pingpong client finds its server (an address on the server's domain).
+    server: String,
+    sizes: Vec<usize>,
+    iters: usize,
+    readme: Option<String>,
+}
+
+fn parse(args: &[String]) -> Result<Options, String> {
+    let mut o = Options {
+        provider: "tcp;ofi_rxm".into(),
+        domain: Some("lo".into()),
+        server: "127.0.0.1".into(),
+        sizes: vec![8, 1 << 20],
+        iters: 10_000,
+        readme: None,
+    };
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        let mut val = || it.next().cloned().ok_or_else(|| format!("{a} needs a value"));
+        match a.as_str() {
+            "--provider" => o.provider = val()?,
+            "--domain" => o.domain = Some(val()?).filter(|d| !d.is_empty()),
+            "--server" => o.server = val()?,
+            "--iters" => o.iters = val()?.parse().map_err(|_| "--iters needs a number")?,
+            "--sizes" => {
+                o.sizes = val()?.split(',').map(|s| s.trim().parse().map_err(|_| format!("bad size {s:?}"))).collect::<Result<_, _>>()?;
+            }
+            "--update-readme" => o.readme = Some(val()?),
+            other => return Err(format!("unknown option {other}")),
+        }
+    }
+    Ok(o)
+}
+
+fn output(cmd: &mut Command) -> Result<String, String> {
+    let out = cmd.output().map_err(|e| format!("{cmd:?}: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "{cmd:?} failed ({}): {}{}",
+            out.status,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// fmx-perf's OSU figure for one size over the ofi transport.
+fn fmx(o: &Options, test: &str, size: usize) -> Result<f64, String> {
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let iters = if test == "latency" { o.iters } else { (o.iters / 20).max(10) };
+    let mut cmd = Command::new(exe);
+    cmd.args([test, "--transport", "ofi", "--min-size", &size.to_string(), "--max-size", &size.to_string()])
+        .args(if test == "bw" { &["--window", "16"][..] } else { &[] })
+        .args(["--iters", &iters.to_string(), "--warmup", &(iters / 10).max(10).to_string()])
+        .env("FMX_OFI_PROVIDER", &o.provider);
+    match &o.domain {
+        Some(d) => cmd.env("FMX_OFI_DOMAIN", d),
+        None => cmd.env_remove("FMX_OFI_DOMAIN"),
+    };
+    let out = output(&mut cmd)?;
+    parse_osu(&out)
+        .iter()
+        .find(|r| r.size == size)
+        .map(|r| r.value)
+        .ok_or_else(|| format!("fmx-perf {test} printed no {size} B row:\n{out}"))
+}
+
+/// The domain of rank (or fi_pingpong side) `i`: `--domain a,b` gives rank 0 `a` and rank 1 `b`.
+fn domain_of(o: &Options, i: usize) -> Option<&str> {
+    let d = o.domain.as_deref()?;
+    let parts: Vec<&str> = d.split(',').collect();
+    Some(parts[i % parts.len()])
+}
+
+/// fi_pingpong's (usec/xfer, MB/sec) for one size: the server (like fmx's
+/// rank 1) on core 1 and the second domain, the client on core 0 and the first.
+fn pingpong(o: &Options, size: usize) -> Result<(f64, f64), String> {
+    let side = |i: usize| {
+        let mut c = Command::new("taskset");
+        c.args(["-c", &i.to_string(), "fi_pingpong", "-p", &o.provider, "-e", "rdm", "-I", &o.iters.to_string(), "-S", &size.to_string()]);
+        if let Some(d) = domain_of(o, i) {
+            c.args(["-d", d]).env("FI_TCP_IFACE", d);
+        }
+        c
+    };
+    let mut server = side(1).stdout(Stdio::null()).stderr(Stdio::piped()).spawn().map_err(|e| format!("fi_pingpong server: {e}"))?;
+    std::thread::sleep(Duration::from_millis(1000));
+    let client = output(side(0).arg(&o.server));
+    let _ = server.kill();
+    let _ = server.wait();
+    let client = client?;
+    // bytes #sent #ack total time MB/sec usec/xfer Mxfers/sec
+    client
+        .lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            (f.len() >= 7 && f[0].parse::<usize>().ok()? == size).then(|| Some((f[6].parse().ok()?, f[5].parse().ok()?)))?
+        })
+        .next()
+        .ok_or_else(|| format!("fi_pingpong printed no {size} B row:\n{client}"))
+}
+
+/// Entry point of `fmx-perf ofi-compare`.
+pub fn main(args: &[String]) -> Result<(), String> {
+    let o = parse(args)?;
+    let mut rows = String::new();
+    for &size in &o.sizes {
+        let lat = fmx(&o, "latency", size)?;
+        let (pp_lat, pp_bw) = pingpong(&o, size)?;
+        // Ratios above 1: fmx is better (peer time / fmx time; fmx rate / peer rate).
+        rows.push_str(&format!("| one-way latency (us) | {size} B | {lat:.2} | {pp_lat:.2} | {:.2}x |\n", pp_lat / lat));
+        if size >= 4096 {
+            let fmx_pp_bw = size as f64 / lat;
+            rows.push_str(&format!(
+                "| ping-pong bandwidth (MB/s) | {size} B | {fmx_pp_bw:.1} | {pp_bw:.1} | {:.2}x |\n",
+                fmx_pp_bw / pp_bw
+            ));
+            let bw = fmx(&o, "bw", size)?;
+            rows.push_str(&format!("| streaming bandwidth (MB/s), fmx-perf bw | {size} B | {bw:.1} | {pp_bw:.1} | {:.2}x |\n", bw / pp_bw));
+        }
+    }
+    let dom = o.domain.as_deref().map_or(String::new(), |d| format!(", domain {d}"));
+    let text = format!(
+        "Provider {}{dom}, libfabric {}.\n\n| test | size | fmx (ofi) | fi_pingpong | fmx vs fi_pingpong |\n|---|---:|---:|---:|---:|\n{rows}\n\
+         Ratios above 1 mean fmx is better.\n",
+        o.provider,
+        output(Command::new("pkg-config").args(["--modversion", "libfabric"])).unwrap_or_default().trim()
+    );
+    print!("{text}");
+    if let Some(path) = o.readme {
+        crate::report::update_readme(&path, "ofi-table", &text)?;
+    }
+    Ok(())
+}
