@@ -37,6 +37,18 @@ pub enum Class {
     Ctrl,
 }
 
+impl Class {
+    /// The reserve a message of `kind` travels in: rendezvous control (CTS,
+    /// FIN) and credit messages use the control reserve, so they never wait
+    /// behind exhausted eager credits.
+    pub fn of(kind: crate::MsgKind) -> Self {
+        match kind {
+            crate::MsgKind::Eager | crate::MsgKind::Rts => Self::Data,
+            crate::MsgKind::Cts | crate::MsgKind::Fin | crate::MsgKind::Credit => Self::Ctrl,
+        }
+    }
+}
+
 /// What the rule and the credits say about sending now.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Gate {

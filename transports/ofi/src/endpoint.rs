@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 
 use fmx_transport::credit::{mailbox, Class, CreditConfig, Gate, PeerCredits};
 use fmx_transport::liveness::{host_identity, PeerWatch};
+use fmx_transport::own::{OwnQueue, OWN_SLOTS};
 use fmx_transport::pool::{HugePages, Lease, Pool, PoolConfig, RegistrationHook};
 use fmx_transport::settings::{env_number, env_positive};
 use fmx_transport::{
@@ -35,8 +36,6 @@ pub const CTRL_SLOTS: u32 = 2;
 /// Default largest RDMA piece: a long transfer is split so that no single
 /// operation outlives a slow link's timeouts (rxe under emulation).
 pub const DEFAULT_PIECE: usize = 4 << 20;
-/// Messages a process may have queued to itself.
-const OWN_SLOTS: usize = 4;
 /// Transmit contexts: operations in flight at once.
 const TX_CONTEXTS: usize = 256;
 /// Send buffers (slot-sized): chunks of 64.
@@ -169,6 +168,22 @@ struct Peer {
     probing: bool,
 }
 
+/// rxm sizes the completion queue of its connections as (receive + transmit
+/// depth) × `FI_UNIVERSE_SIZE` (default 256): over verbs that is more than
+/// rxe's (and many HCAs') largest CQ, and `fi_enable` fails with EINVAL. A job
+/// never connects more peers than it has, so unless the user set it, the
+/// universe is the job size. libfabric reads it once, at its first call.
+fn size_universe(size: u32) {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        if std::env::var_os("FI_UNIVERSE_SIZE").is_none() {
+            // Before any libfabric call of this process, and once: no thread reads the
+            // environment through libfabric yet.
+            std::env::set_var("FI_UNIVERSE_SIZE", size.max(2).to_string());
+        }
+    });
+}
+
 /// Our endpoint exists and its receive slots are posted; publish
 /// [`OfiSetup::address`] through the bootstrap, then [`OfiSetup::connect`].
 pub struct OfiSetup {
@@ -189,6 +204,7 @@ impl OfiSetup {
     pub fn create(cfg: OfiConfig) -> Result<Self, TransportError> {
         let credit =
             CreditConfig::for_transport(cfg.pool, cfg.size.saturating_sub(1), cfg.newcomer, cfg.threshold, CTRL_SLOTS, "FMX_POOL_SLOTS")?;
+        size_universe(cfg.size);
         let info = Info::query(cfg.provider.as_deref(), cfg.domain.as_deref())?;
         let provider = info.provider();
         let peers = cfg.size.saturating_sub(1);
@@ -246,7 +262,7 @@ impl OfiSetup {
             provider,
             credit,
             peers: Vec::new(),
-            own: VecDeque::new(),
+            own: OwnQueue::default(),
             arrived: VecDeque::new(),
             unposted: VecDeque::new(),
             explicit_due: false,
@@ -360,7 +376,7 @@ pub struct OfiEndpoint {
     provider: String,
     credit: CreditConfig,
     peers: Vec<Option<Peer>>,
-    own: VecDeque<(MsgHeader, Vec<u8>)>,
+    own: OwnQueue,
     /// Receive completions read but not yet handed to a sink: (slot, bytes, sender).
     arrived: VecDeque<(usize, usize, PeerId)>,
     /// Slots consumed whose repost the provider refused for now: (slot, sender, class).
@@ -399,13 +415,6 @@ pub struct OfiEndpoint {
 // to the endpoint until the operation completes; the endpoint is driven by
 // one thread at a time.
 unsafe impl Send for OfiEndpoint {}
-
-fn class_of(kind: MsgKind) -> Class {
-    match kind {
-        MsgKind::Eager | MsgKind::Rts => Class::Data,
-        MsgKind::Cts | MsgKind::Fin | MsgKind::Credit => Class::Ctrl,
-    }
-}
 
 /// What a call answered: done, or the provider's queue is full for now.
 enum Posted {
@@ -476,12 +485,7 @@ impl OfiEndpoint {
     }
 
     fn mailbox_word(&self, peer: PeerId) -> u64 {
-        #[allow(clippy::cast_ptr_alignment)] // a page-aligned map
-        // SAFETY: the mailbox map is page-aligned and holds `size` u64 words;
-        // the provider writes them on behalf of peers, so they are read
-        // atomically, never through a reference to plain memory.
-        let word = unsafe { &*self.mailbox.as_ptr().cast::<AtomicU64>().add(peer as usize) };
-        word.load(Ordering::Acquire)
+        mailbox::load(&self.mailbox, peer as usize)
     }
 
     fn read_mailbox(&mut self, peer: PeerId) {
@@ -995,13 +999,9 @@ impl Endpoint for OfiEndpoint {
             return Err(TransportError::EagerTooLarge { len: payload.len(), max });
         }
         if peer == self.rank {
-            if self.own.len() >= OWN_SLOTS {
-                return Ok(SendOutcome::Backpressure);
-            }
-            self.own.push_back((*header, payload.to_vec()));
-            return Ok(SendOutcome::Sent);
+            return Ok(self.own.push(header, payload));
         }
-        let class = class_of(header.kind);
+        let class = Class::of(header.kind);
         if self.peer(peer)?.credits.peek(class) == Gate::Backpressure {
             self.read_mailbox(peer);
         }
@@ -1031,7 +1031,7 @@ impl Endpoint for OfiEndpoint {
 
     fn credit(&mut self, peer: PeerId) -> SendOutcome {
         if peer == self.rank {
-            return if self.own.len() < OWN_SLOTS { SendOutcome::Sent } else { SendOutcome::Backpressure };
+            return self.own.credit();
         }
         let Ok(p) = self.peer(peer) else { return SendOutcome::Backpressure };
         if p.credits.peek(Class::Data) == Gate::Backpressure {
@@ -1048,12 +1048,7 @@ impl Endpoint for OfiEndpoint {
     where
         F: FnMut(PeerId, &MsgHeader, &[u8]),
     {
-        let mut n = 0;
-        while n < max {
-            let Some((h, data)) = self.own.pop_front() else { break };
-            sink(self.rank, &h, &data);
-            n += 1;
-        }
+        let mut n = self.own.drain(self.rank, max, &mut sink);
         self.drain_cq()?;
         while n < max {
             let Some((slot, len, peer)) = self.arrived.pop_front() else { break };
@@ -1063,7 +1058,7 @@ impl Endpoint for OfiEndpoint {
             let bytes = &self.recv[slot * self.slot_bytes..][..len];
             let h = MsgHeader::decode(bytes)
                 .map_err(|_| TransportError::Malformed { peer, what: "undecodable header in a libfabric receive slot" })?;
-            let class = class_of(h.kind);
+            let class = Class::of(h.kind);
             let p = self.peers[peer as usize].as_mut().expect("checked above");
             p.credits.on_receive(h.credits, h.ctrl_credits);
             if h.kind != MsgKind::Credit {

@@ -126,8 +126,11 @@ impl Info {
         let chosen = match rc {
             (0, list) => {
                 let mut e = list;
-                // SAFETY: walking the list fi_getinfo returned; every entry has domain_attr.
-                while !e.is_null() && domain.is_some_and(|d| Self::c_str(unsafe { (*(*e).domain_attr).name }) != d) {
+                // SAFETY: `e` walks the non-null entries of the list fi_getinfo
+                // returned; every entry has its domain_attr.
+                let name_of = |e: *mut fi_info| Self::c_str(unsafe { (*(*e).domain_attr).name });
+                while !e.is_null() && domain.is_some_and(|d| name_of(e) != d) {
+                    // SAFETY: as above: `e` is a live entry.
                     e = unsafe { (*e).next };
                 }
                 if e.is_null() && !list.is_null() {
@@ -146,7 +149,7 @@ impl Info {
                     |p| format!("provider {p:?}"),
                 );
                 if let Some(d) = domain {
-                    which += &format!(" on domain {d:?}");
+                    which = format!("{which} on domain {d:?}");
                 }
                 Err(TransportError::Setup {
                     what: format!(

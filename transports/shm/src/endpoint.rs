@@ -182,13 +182,6 @@ pub struct ShmEndpoint {
     pending_out: Vec<Option<u32>>,
 }
 
-fn class_of(kind: MsgKind) -> Class {
-    match kind {
-        MsgKind::Eager | MsgKind::Rts => Class::Data,
-        MsgKind::Cts | MsgKind::Fin | MsgKind::Credit => Class::Ctrl,
-    }
-}
-
 impl ShmEndpoint {
     /// Removes our segment file once every peer has mapped it (the mappings stay
     /// valid): after this no file is left behind, whatever happens to the job.
@@ -304,7 +297,7 @@ impl Endpoint for ShmEndpoint {
     #[inline]
     fn try_send(&mut self, peer: PeerId, header: &MsgHeader, payload: &[u8]) -> Result<SendOutcome, TransportError> {
         self.check_peer(peer)?;
-        let class = class_of(header.kind);
+        let class = Class::of(header.kind);
         let max = if class == Class::Data || peer == self.rank { self.max_eager } else { self.max_ctrl };
         if payload.len() > max {
             return Err(TransportError::EagerTooLarge { len: payload.len(), max });

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use fmx_transport::credit::{Class, CreditConfig, Gate, PeerCredits};
 use fmx_transport::liveness::PeerWatch;
+use fmx_transport::own::{OwnQueue, OWN_SLOTS};
 use fmx_transport::pool::{HugePages, Lease, Pool, PoolConfig, RegistrationHook};
 use fmx_transport::settings::{env_number as env_num, env_positive as positive};
 use fmx_transport::{
@@ -33,8 +34,6 @@ pub const DEFAULT_SLOT_BYTES: usize = 8 << 10;
 pub const DEFAULT_NEWCOMER_CREDITS: u32 = 2;
 /// Control slots per peer (CTS, FIN) beside its data slice.
 pub const CTRL_SLOTS: u32 = 2;
-/// Messages a process may have queued to itself.
-const OWN_SLOTS: usize = 4;
 /// Plain slices up to this size go through pre-registered bounce buffers
 /// (a copy) instead of a registration per operation; see the README for the measurement.
 pub const DEFAULT_BOUNCE_MAX: usize = 64 << 10;
@@ -403,7 +402,7 @@ impl VerbsSetup {
             credit: self.credit,
             peers,
             qpn_to_peer,
-            own: VecDeque::new(),
+            own: OwnQueue::default(),
             explicit_due: false,
             reallocated: false,
             finalized: false,
@@ -463,7 +462,7 @@ pub struct VerbsEndpoint {
     credit: CreditConfig,
     peers: Vec<Option<Peer>>,
     qpn_to_peer: Vec<(u32, PeerId)>,
-    own: VecDeque<(MsgHeader, Vec<u8>)>,
+    own: OwnQueue,
     explicit_due: bool,
     reallocated: bool,
     finalized: bool,
@@ -497,13 +496,6 @@ pub struct VerbsEndpoint {
 // lends to the endpoint until the operation completes; the endpoint is driven
 // by one thread at a time, and every verbs object is thread-safe.
 unsafe impl Send for VerbsEndpoint {}
-
-fn class_of(kind: MsgKind) -> Class {
-    match kind {
-        MsgKind::Eager | MsgKind::Rts => Class::Data,
-        MsgKind::Cts | MsgKind::Fin | MsgKind::Credit => Class::Ctrl,
-    }
-}
 
 fn status_name(status: u32) -> String {
     use ffi::ibv_wc_status as S;
@@ -562,12 +554,7 @@ impl VerbsEndpoint {
     }
 
     fn mailbox_word(&self, peer: PeerId) -> u64 {
-        #[allow(clippy::cast_ptr_alignment)] // a page-aligned map
-        // SAFETY: the mailbox map is page-aligned and holds `size` u64 words; the
-        // device writes them (DMA), so they are read atomically, never through a
-        // reference to plain memory.
-        let words = unsafe { &*self.mailbox.as_ptr().cast::<AtomicU64>().add(peer as usize) };
-        words.load(Ordering::Acquire)
+        mailbox::load(&self.mailbox, peer as usize)
     }
 
     fn read_mailbox(&mut self, peer: PeerId) {
@@ -874,13 +861,9 @@ impl Endpoint for VerbsEndpoint {
             return Err(TransportError::EagerTooLarge { len: payload.len(), max });
         }
         if peer == self.rank {
-            if self.own.len() >= OWN_SLOTS {
-                return Ok(SendOutcome::Backpressure);
-            }
-            self.own.push_back((*header, payload.to_vec()));
-            return Ok(SendOutcome::Sent);
+            return Ok(self.own.push(header, payload));
         }
-        let class = class_of(header.kind);
+        let class = Class::of(header.kind);
         let len = HEADER_BYTES + payload.len();
         let inline = len <= self.max_inline.min(INLINE_BUF);
         // Resources first, credit last: a credit once taken is always used.
@@ -936,7 +919,7 @@ impl Endpoint for VerbsEndpoint {
 
     fn credit(&mut self, peer: PeerId) -> SendOutcome {
         if peer == self.rank {
-            return if self.own.len() < OWN_SLOTS { SendOutcome::Sent } else { SendOutcome::Backpressure };
+            return self.own.credit();
         }
         let Ok(p) = self.peer(peer) else { return SendOutcome::Backpressure };
         if p.credits.peek(Class::Data) == Gate::Backpressure {
@@ -953,12 +936,7 @@ impl Endpoint for VerbsEndpoint {
     where
         F: FnMut(PeerId, &MsgHeader, &[u8]),
     {
-        let mut n = 0;
-        while n < max {
-            let Some((h, data)) = self.own.pop_front() else { break };
-            sink(self.rank, &h, &data);
-            n += 1;
-        }
+        let mut n = self.own.drain(self.rank, max, &mut sink);
         let mut wcs = [ffi::ibv_wc::default(); CQ_BATCH];
         while n < max {
             let want = CQ_BATCH.min(max - n);
@@ -993,7 +971,7 @@ impl Endpoint for VerbsEndpoint {
                     Ok(h) => h,
                     Err(_) => return Err(TransportError::Malformed { peer, what: "undecodable header in a verbs receive slot" }),
                 };
-                let class = class_of(h.kind);
+                let class = Class::of(h.kind);
                 let p = self.peers[peer as usize].as_mut().expect("a connected peer");
                 p.credits.on_receive(h.credits, h.ctrl_credits);
                 if h.kind != MsgKind::Credit {

@@ -3,6 +3,17 @@
 //! the complement of the lower, so a torn or not-yet-written word is ignored
 //! (RDMA does not promise 8-byte atomicity; a later read sees the whole word).
 
+/// Word `index` of a mailbox region that a device or provider writes on
+/// peers' behalf, read atomically (never through a reference to plain memory).
+pub fn load(region: &memmap2::MmapMut, index: usize) -> u64 {
+    assert!((index + 1) * 8 <= region.len(), "mailbox word {index} outside a region of {} bytes", region.len());
+    #[allow(clippy::cast_ptr_alignment)] // a page-aligned map
+    // SAFETY: the map is page-aligned and holds word `index` (checked above);
+    // it lives as long as the borrow, and AtomicU64 has the layout of u64.
+    let word = unsafe { &*region.as_ptr().cast::<std::sync::atomic::AtomicU64>().add(index) };
+    word.load(std::sync::atomic::Ordering::Acquire)
+}
+
 /// Encodes totals (data mod 2^16, control mod 2^8) and whether the writer finalized.
 pub fn encode(data: u16, ctrl: u8, finalized: bool) -> u64 {
     let low = u32::from(data) | (u32::from(ctrl) << 16) | (u32::from(finalized) << 24);
