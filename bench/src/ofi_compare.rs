@@ -22,6 +22,8 @@ struct Options {
     server: String,
     sizes: Vec<usize>,
     iters: usize,
+    /// Interleaved runs of each side; the table shows medians.
+    reps: usize,
     readme: Option<String>,
 }
 
@@ -32,6 +34,7 @@ fn parse(args: &[String]) -> Result<Options, String> {
         server: "127.0.0.1".into(),
         sizes: vec![8, 1 << 20],
         iters: 10_000,
+        reps: 3,
         readme: None,
     };
     let mut it = args.iter();
@@ -42,6 +45,7 @@ fn parse(args: &[String]) -> Result<Options, String> {
             "--domain" => o.domain = Some(val()?).filter(|d| !d.is_empty()),
             "--server" => o.server = val()?,
             "--iters" => o.iters = val()?.parse().map_err(|_| "--iters needs a number")?,
+            "--reps" => o.reps = val()?.parse::<usize>().map_err(|_| "--reps needs a number")?.max(1),
             "--sizes" => {
                 o.sizes = val()?.split(',').map(|s| s.trim().parse().map_err(|_| format!("bad size {s:?}"))).collect::<Result<_, _>>()?;
             }
@@ -108,17 +112,33 @@ fn pingpong(o: &Options, size: usize) -> Result<(f64, f64), String> {
     std::thread::sleep(Duration::from_millis(1000));
     let client = output(side(0).arg(&o.server));
     let _ = server.kill();
-    let _ = server.wait();
-    let client = client?;
+    let server_err = server.wait_with_output().map(|o| String::from_utf8_lossy(&o.stderr).into_owned()).unwrap_or_default();
+    let client = client.map_err(|e| format!("{e}\nfi_pingpong server said: {server_err}"))?;
     // bytes #sent #ack total time MB/sec usec/xfer Mxfers/sec
     client
         .lines()
         .filter_map(|l| {
             let f: Vec<&str> = l.split_whitespace().collect();
-            (f.len() >= 7 && f[0].parse::<usize>().ok()? == size).then(|| Some((f[6].parse().ok()?, f[5].parse().ok()?)))?
+            (f.len() >= 7 && fabtests_size(f[0])? == size).then(|| Some((f[6].parse().ok()?, f[5].parse().ok()?)))?
         })
         .next()
         .ok_or_else(|| format!("fi_pingpong printed no {size} B row:\n{client}"))
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// A size as fabtests prints it: `8`, `4k`, `1m`, `2g` (powers of 1024).
+fn fabtests_size(s: &str) -> Option<usize> {
+    let (num, shift) = match s.as_bytes().last()? {
+        b'k' => (&s[..s.len() - 1], 10),
+        b'm' => (&s[..s.len() - 1], 20),
+        b'g' => (&s[..s.len() - 1], 30),
+        _ => (s, 0),
+    };
+    num.parse::<usize>().ok().map(|n| n << shift)
 }
 
 /// Entry point of `fmx-perf ofi-compare`.
@@ -126,8 +146,15 @@ pub fn main(args: &[String]) -> Result<(), String> {
     let o = parse(args)?;
     let mut rows = String::new();
     for &size in &o.sizes {
-        let lat = fmx(&o, "latency", size)?;
-        let (pp_lat, pp_bw) = pingpong(&o, size)?;
+        // Interleaved runs, medians: a 2-core host drifts by 20% between back-to-back runs.
+        let (mut lats, mut pps) = (Vec::new(), Vec::new());
+        for _ in 0..o.reps {
+            lats.push(fmx(&o, "latency", size)?);
+            pps.push(pingpong(&o, size)?);
+        }
+        let lat = median(&mut lats);
+        let pp_lat = median(&mut pps.iter().map(|p| p.0).collect::<Vec<_>>());
+        let pp_bw = median(&mut pps.iter().map(|p| p.1).collect::<Vec<_>>());
         // Ratios above 1: fmx is better (peer time / fmx time; fmx rate / peer rate).
         rows.push_str(&format!("| one-way latency (us) | {size} B | {lat:.2} | {pp_lat:.2} | {:.2}x |\n", pp_lat / lat));
         if size >= 4096 {
@@ -136,20 +163,32 @@ pub fn main(args: &[String]) -> Result<(), String> {
                 "| ping-pong bandwidth (MB/s) | {size} B | {fmx_pp_bw:.1} | {pp_bw:.1} | {:.2}x |\n",
                 fmx_pp_bw / pp_bw
             ));
-            let bw = fmx(&o, "bw", size)?;
+            let bw = median(&mut (0..o.reps).map(|_| fmx(&o, "bw", size)).collect::<Result<Vec<_>, _>>()?);
             rows.push_str(&format!("| streaming bandwidth (MB/s), fmx-perf bw | {size} B | {bw:.1} | {pp_bw:.1} | {:.2}x |\n", bw / pp_bw));
         }
     }
     let dom = o.domain.as_deref().map_or(String::new(), |d| format!(", domain {d}"));
     let text = format!(
-        "Provider {}{dom}, libfabric {}.\n\n| test | size | fmx (ofi) | fi_pingpong | fmx vs fi_pingpong |\n|---|---:|---:|---:|---:|\n{rows}\n\
+        "Provider {}{dom}, libfabric {}; medians of {} interleaved runs per side.\n\n| test | size | fmx (ofi) | fi_pingpong | fmx vs fi_pingpong |\n|---|---:|---:|---:|---:|\n{rows}\n\
          Ratios above 1 mean fmx is better.\n",
         o.provider,
-        output(Command::new("pkg-config").args(["--modversion", "libfabric"])).unwrap_or_default().trim()
+        output(Command::new("pkg-config").args(["--modversion", "libfabric"])).unwrap_or_default().trim(),
+        o.reps
     );
     print!("{text}");
     if let Some(path) = o.readme {
         crate::report::update_readme(&path, "ofi-table", &text)?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn fabtests_sizes_parse() {
+        assert_eq!(super::fabtests_size("8"), Some(8));
+        assert_eq!(super::fabtests_size("1m"), Some(1 << 20));
+        assert_eq!(super::fabtests_size("64k"), Some(64 << 10));
+        assert_eq!(super::fabtests_size("x"), None);
+    }
 }

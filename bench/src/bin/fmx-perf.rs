@@ -13,7 +13,7 @@ const USAGE: &str = "usage:
   fmx-perf compare [--sizes 8,1048576,4194304] [--update-readme FILE] [--no-peers]
   fmx-perf neighbor [--np N] [--ks 1,64,4096,65536]        (alone: N local ranks, default 2; or under fmxrun/mpiexec/srun)
   fmx-perf neighbor-compare [--ranks 2,4] [--ks ...] [--update-readme FILE]
-  fmx-perf ofi-compare [--provider tcp;ofi_rxm] [--domain lo] [--server 127.0.0.1] [--sizes 8,1048576] [--iters N] [--update-readme FILE]
+  fmx-perf ofi-compare [--provider tcp;ofi_rxm] [--domain lo] [--server 127.0.0.1] [--sizes 8,1048576] [--iters N] [--reps 3] [--update-readme FILE]
                        (needs the `ofi` feature: cargo run --release --features fmx-bench/ofi --bin fmx-perf -- ofi-compare)";
 
 fn size_arg(v: Option<String>, what: &str) -> Result<usize, String> {
