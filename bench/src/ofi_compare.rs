@@ -106,6 +106,10 @@ fn pingpong(o: &Options, size: usize) -> Result<(f64, f64), String> {
         if let Some(d) = domain_of(o, i) {
             c.args(["-d", d]).env("FI_TCP_IFACE", d);
         }
+        // What fmx sets for itself (rxm sizes its CQs by the universe; rxe refuses 256).
+        if std::env::var_os("FI_UNIVERSE_SIZE").is_none() {
+            c.env("FI_UNIVERSE_SIZE", "2");
+        }
         c
     };
     let mut server = side(1).stdout(Stdio::null()).stderr(Stdio::piped()).spawn().map_err(|e| format!("fi_pingpong server: {e}"))?;

@@ -25,6 +25,8 @@ use memmap2::MmapMut;
 use crate::address::Address;
 use crate::fabric::{strerror, Fabric, Info, Mr};
 
+mod tagged;
+
 /// Default eager pool per process, in receive slots (`P`), shared by all peers.
 pub const DEFAULT_POOL_SLOTS: u32 = 64;
 /// Default bytes per receive slot (header included).
@@ -71,10 +73,14 @@ pub struct OfiConfig {
     pub threshold: Option<u32>,
     /// Largest RMA operation posted at once.
     pub piece: usize,
+    /// Use FI_RMA when the provider has it (`FMX_OFI_RMA=0`: tagged messages instead).
+    pub rma: bool,
+    /// Control receives posted when RMA is not used (`FMX_OFI_CTRL_SLOTS`; default 4 per peer + 64).
+    pub ctrl_slots: Option<usize>,
 }
 
 impl OfiConfig {
-    /// Defaults, overridden by `FMX_OFI_PROVIDER`, `FMX_OFI_DOMAIN`, `FMX_OFI_PIECE`, and the
+    /// Defaults, overridden by `FMX_OFI_PROVIDER`, `FMX_OFI_DOMAIN`, `FMX_OFI_PIECE`, `FMX_OFI_RMA`, `FMX_OFI_CTRL_SLOTS`, and the
     /// shared `FMX_POOL_SLOTS`, `FMX_SLOT_BYTES`, `FMX_NEWCOMER_CREDITS`, `FMX_CREDIT_THRESHOLD`.
     pub fn from_env(rank: u32, size: u32) -> Result<Self, TransportError> {
         Ok(Self {
@@ -91,6 +97,8 @@ impl OfiConfig {
             newcomer: env_positive("FMX_NEWCOMER_CREDITS")?.map_or(DEFAULT_NEWCOMER_CREDITS, |n| n as u32),
             threshold: env_positive("FMX_CREDIT_THRESHOLD")?.map(|n| n as u32),
             piece: env_number("FMX_OFI_PIECE")?.unwrap_or(DEFAULT_PIECE).max(4096),
+            rma: env_number("FMX_OFI_RMA")?.is_none_or(|n| n != 0),
+            ctrl_slots: env_positive("FMX_OFI_CTRL_SLOTS")?,
         })
     }
 }
@@ -133,6 +141,10 @@ enum Tx {
     Mailbox(PeerId),
     /// A liveness probe.
     Probe(PeerId),
+    /// Data we send for a peer's emulated read (no RMA).
+    Serve(PeerId),
+    /// A receive into an exposed buffer for a peer's emulated write, by exposure key.
+    Sink(PeerId, u64),
 }
 
 struct Op {
@@ -205,7 +217,11 @@ impl OfiSetup {
         let credit =
             CreditConfig::for_transport(cfg.pool, cfg.size.saturating_sub(1), cfg.newcomer, cfg.threshold, CTRL_SLOTS, "FMX_POOL_SLOTS")?;
         size_universe(cfg.size);
-        let info = Info::query(cfg.provider.as_deref(), cfg.domain.as_deref())?;
+        // RMA when asked for and offered; else tagged messages carry one-sided operations.
+        let (info, rma) = match cfg.rma.then(|| Info::query(cfg.provider.as_deref(), cfg.domain.as_deref(), true)) {
+            Some(Ok(i)) => (i, true),
+            _ => (Info::query(cfg.provider.as_deref(), cfg.domain.as_deref(), false)?, false),
+        };
         let provider = info.provider();
         let peers = cfg.size.saturating_sub(1);
         let recv_slots = (cfg.pool + CTRL_SLOTS * peers) as usize;
@@ -222,7 +238,7 @@ impl OfiSetup {
         }
         if std::env::var_os("FMX_OFI_DEBUG").is_some() {
             let (fabric, domain) = info.fabric_and_domain();
-            eprintln!("fmx-ofi rank {}: provider {provider}, fabric {fabric}, domain {domain}, mr_mode {:?}", cfg.rank, info.mr_mode());
+            eprintln!("fmx-ofi rank {}: provider {provider}, fabric {fabric}, domain {domain}, rma {rma}, mr_mode {:?}", cfg.rank, info.mr_mode());
         }
         let inject = info.inject_size();
         let max_msg = info.max_msg_size();
@@ -232,7 +248,16 @@ impl OfiSetup {
                 source: std::io::Error::from(std::io::ErrorKind::InvalidInput),
             });
         }
-        let fabric = Arc::new(Fabric::open(info, recv_slots + TX_CONTEXTS + 64, cfg.size as usize)?);
+        if !rma && inject < tagged::CTRL_BYTES {
+            return Err(TransportError::Setup {
+                what: format!("provider {provider} has neither RMA nor an inject size of {} bytes for control messages", tagged::CTRL_BYTES),
+                source: std::io::Error::from(std::io::ErrorKind::Unsupported),
+            });
+        }
+        // Control receives without RMA: generous, since a message arriving with none
+        // posted waits in the provider's unexpected queue (which shm 1.17 mishandles).
+        let ctrl_slots = if rma { 0 } else { cfg.ctrl_slots.unwrap_or(4 * peers as usize + 64).min(rx_size.saturating_sub(recv_slots)).max(1) };
+        let fabric = Arc::new(Fabric::open(info, recv_slots + ctrl_slots + TX_CONTEXTS + 64, cfg.size as usize)?);
         let registrations = Arc::new(AtomicU64::new(0));
         let recv = anon(recv_slots * cfg.slot_bytes)?;
         let recv_mr = if fabric.mr_mode.local {
@@ -252,7 +277,14 @@ impl OfiSetup {
             PoolConfig { buf_size: cfg.slot_bytes, bufs_per_chunk: 64, max_chunks: SEND_BUFS / 64, huge_pages: HugePages::Never },
             hook,
         );
-        let ctx: Box<[Ctx]> = (0..recv_slots + TX_CONTEXTS).map(|_| Ctx { fi: sys::fi_context2::default() }).collect();
+        let ctrl_recv = anon(ctrl_slots * tagged::CTRL_BYTES)?;
+        let ctrl_mr = if fabric.mr_mode.local && ctrl_slots > 0 {
+            registrations.fetch_add(1, Ordering::Relaxed);
+            Some(fabric.register(ctrl_recv.as_ptr(), ctrl_recv.len(), u64::from(sys::FI_RECV))?)
+        } else {
+            None
+        };
+        let ctx: Box<[Ctx]> = (0..recv_slots + ctrl_slots + TX_CONTEXTS).map(|_| Ctx { fi: sys::fi_context2::default() }).collect();
         let ep = OfiEndpoint {
             rank: cfg.rank,
             size: cfg.size,
@@ -278,6 +310,14 @@ impl OfiSetup {
             registrations,
             debug: std::env::var_os("FMX_OFI_DEBUG").is_some(),
             recv_slots,
+            ctrl_slots,
+            rma,
+            emulated: HashMap::new(),
+            emulated_ids: HashMap::new(),
+            deferred: VecDeque::new(),
+            next_tag: 1,
+            ctrl_recv,
+            ctrl_mr,
             tx: (0..TX_CONTEXTS).map(|_| Tx::Free).collect(),
             tx_free: (0..TX_CONTEXTS).rev().collect(),
             send_pool,
@@ -292,6 +332,9 @@ impl OfiSetup {
         };
         for slot in 0..recv_slots {
             ep.post_recv(slot).map_err(|rc| crate::fabric::fail("post a receive slot (fi_trecv)", &ep.provider, rc))?;
+        }
+        for i in 0..ctrl_slots {
+            ep.post_ctrl_recv(i).map_err(|rc| crate::fabric::fail("post a control receive (fi_trecv)", &ep.provider, rc))?;
         }
         Ok(Self { cfg, ep })
     }
@@ -397,6 +440,19 @@ pub struct OfiEndpoint {
     /// `FMX_OFI_DEBUG`: print every failed completion to stderr.
     debug: bool,
     recv_slots: usize,
+    /// Control receives (credits, GET, PUT) when the provider has no RMA; 0 with RMA.
+    ctrl_slots: usize,
+    rma: bool,
+    /// Buffers exposed without RMA, by key.
+    emulated: HashMap<u64, tagged::Exposure>,
+    /// Emulated pieces in flight: id -> op.
+    emulated_ids: HashMap<u64, u64>,
+    /// Serves and sinks waiting for room in the provider.
+    deferred: VecDeque<tagged::Deferred>,
+    /// Ids of emulated pieces and keys of emulated exposures.
+    next_tag: u64,
+    ctrl_recv: MmapMut,
+    ctrl_mr: Option<Mr>,
     tx: Vec<Tx>,
     tx_free: Vec<usize>,
     send_pool: Pool<OfiHook>,
@@ -406,7 +462,7 @@ pub struct OfiEndpoint {
     mailbox: MmapMut,
     outbox_mr: Mr,
     outbox: MmapMut,
-    /// Contexts of posted operations: receive slots first, then transmit contexts.
+    /// Contexts of posted operations: receive slots, control receives, then transmit contexts.
     ctx: Box<[Ctx]>,
     fabric: Arc<Fabric>,
 }
@@ -434,6 +490,11 @@ impl OfiEndpoint {
     /// The provider in use (e.g. `tcp;ofi_rxm`).
     pub fn provider(&self) -> &str {
         &self.provider
+    }
+
+    /// Whether one-sided operations use FI_RMA (else tagged messages carry them).
+    pub fn uses_rma(&self) -> bool {
+        self.rma
     }
 
     /// The credit state toward `peer` (for tests and reports).
@@ -499,11 +560,15 @@ impl OfiEndpoint {
     fn take_tx(&mut self, what: Tx) -> Option<usize> {
         let i = self.tx_free.pop()?;
         self.tx[i] = what;
-        Some(self.recv_slots + i)
+        Some(self.tx_base() + i)
+    }
+
+    fn tx_base(&self) -> usize {
+        self.recv_slots + self.ctrl_slots
     }
 
     fn give_tx(&mut self, ctx: usize) -> Tx {
-        let i = ctx - self.recv_slots;
+        let i = ctx - self.tx_base();
         self.tx_free.push(i);
         std::mem::replace(&mut self.tx[i], Tx::Free)
     }
@@ -532,15 +597,24 @@ impl OfiEndpoint {
             if n < 0 {
                 return Err(crate::fabric::fail("fi_cq_read", &self.provider, n as i64));
             }
+            let mut failed = None;
             for e in &entries[..n as usize] {
                 let Some(i) = self.ctx_index(e.op_context) else {
                     return Err(TransportError::Malformed { peer: u32::MAX, what: "completion with an unknown libfabric context" });
                 };
                 if i < self.recv_slots {
                     self.arrived.push_back((i, e.len, (e.tag & RANK_BITS) as PeerId));
+                } else if i < self.tx_base() {
+                    // Finish the batch first: its other completions are read only once.
+                    if let Err(err) = self.on_ctrl(i - self.recv_slots, (e.tag & RANK_BITS) as PeerId) {
+                        failed.get_or_insert(err);
+                    }
                 } else {
                     self.complete_tx(i, None);
                 }
+            }
+            if let Some(err) = failed {
+                return Err(err);
             }
             if (n as usize) < CQ_BATCH {
                 return Ok(());
@@ -574,7 +648,7 @@ impl OfiEndpoint {
             }
             return Ok(());
         };
-        if i < self.recv_slots {
+        if i < self.tx_base() {
             // A receive failed (canceled at close, or truncated): the sender is in the tag.
             let peer = (err.tag & RANK_BITS) as PeerId;
             if self.debug {
@@ -593,7 +667,7 @@ impl OfiEndpoint {
         let what = self.give_tx(ctx);
         let peer = match &what {
             Tx::Free => return,
-            Tx::Slot(p, _) | Tx::Piece(p, _) | Tx::Mailbox(p) | Tx::Probe(p) => *p,
+            Tx::Slot(p, _) | Tx::Piece(p, _) | Tx::Mailbox(p) | Tx::Probe(p) | Tx::Serve(p) | Tx::Sink(p, _) => *p,
         };
         if let Some(status) = &failure {
             if self.debug {
@@ -630,6 +704,8 @@ impl OfiEndpoint {
                     p.probing = false;
                 }
             }
+            Tx::Serve(_) => {}
+            Tx::Sink(_, key) => self.sink_done(key),
         }
     }
 
@@ -646,35 +722,56 @@ impl OfiEndpoint {
                 self.explicit_due = true; // the newer total goes once the last one has left
                 continue;
             }
-            let Some(ctx) = self.take_tx(Tx::Mailbox(peer)) else {
-                self.explicit_due = true;
-                continue;
-            };
             let p = self.peers[peer as usize].as_mut().expect("a peer");
             let saved = p.credits.clone();
             let (d, k) = p.credits.explicit();
-            let word = &mut self.outbox[8 * peer as usize..][..8];
-            word.copy_from_slice(&mailbox::encode(d, k, self.finalized).to_le_bytes());
-            let src = word.as_ptr();
-            let (addr, key, dest) = (p.mailbox_addr, p.mailbox_key, p.addr);
-            // SAFETY: the source word lies in the registered outbox, left
-            // unchanged until this write completes (mailbox_busy); the context
-            // lives in `ctx` until its completion.
-            let rc = unsafe { sys::fmx_fi_write(self.fabric.ep(), src.cast(), 8, self.outbox_mr.desc, dest, addr, key, self.ctx_ptr(ctx)) };
-            match posted(rc) {
-                Ok(Posted::Yes) => self.peers[peer as usize].as_mut().expect("a peer").mailbox_busy = true,
+            match self.send_mailbox_word(peer, mailbox::encode(d, k, self.finalized)) {
+                Ok(Posted::Yes) => {}
                 Ok(Posted::Again) => {
-                    self.give_tx(ctx);
                     self.peers[peer as usize].as_mut().expect("a peer").credits = saved;
                     self.explicit_due = true;
                 }
-                Err(rc) => {
-                    self.give_tx(ctx);
-                    self.mark_dead(peer, format!("fi_write of credits failed: {}", strerror(rc)));
-                }
+                Err(reason) => self.mark_dead(peer, reason),
             }
         }
         Ok(())
+    }
+
+    /// Puts `word` into `peer`'s mailbox: an `fi_write` (one in flight per
+    /// peer, so the source word never changes under the provider), or without
+    /// RMA a control message the peer stores there. `Again`: no room now.
+    fn send_mailbox_word(&mut self, peer: PeerId, word: u64) -> Result<Posted, String> {
+        if !self.rma {
+            return self.send_credit_word(peer, word).map_err(|e| e.to_string());
+        }
+        let Some(ctx) = self.take_tx(Tx::Mailbox(peer)) else { return Ok(Posted::Again) };
+        let p = self.peers[peer as usize].as_ref().expect("a peer");
+        let (addr, key, dest) = (p.mailbox_addr, p.mailbox_key, p.addr);
+        let src = &mut self.outbox[8 * peer as usize..][..8];
+        src.copy_from_slice(&word.to_le_bytes());
+        // SAFETY: the source word lies in the registered outbox, left
+        // unchanged until this write completes (mailbox_busy); the context
+        // lives in `ctx` until its completion.
+        let rc = unsafe { sys::fmx_fi_write(self.fabric.ep(), src.as_ptr().cast(), 8, self.outbox_mr.desc, dest, addr, key, self.ctx_ptr(ctx)) };
+        match posted(rc) {
+            Ok(Posted::Yes) => {
+                self.peers[peer as usize].as_mut().expect("a peer").mailbox_busy = true;
+                Ok(Posted::Yes)
+            }
+            Ok(Posted::Again) => {
+                self.give_tx(ctx);
+                Ok(Posted::Again)
+            }
+            Err(rc) => {
+                self.give_tx(ctx);
+                Err(format!("fi_write of credits failed: {}", strerror(rc)))
+            }
+        }
+    }
+
+    /// Reads completions only (emulated operations waiting for room).
+    fn progress_only(&mut self) -> Result<(), TransportError> {
+        self.drain_cq()
     }
 
     /// A local descriptor for `[addr, addr+len)`: a registered buffer of the
@@ -741,6 +838,9 @@ impl OfiEndpoint {
 
     /// Posts queued RMA pieces while the provider and our contexts accept them.
     fn post_pending(&mut self) -> Result<(), TransportError> {
+        if !self.rma {
+            self.retry_emulated()?;
+        }
         while let Some(pc) = self.pending.pop_front() {
             let dest = match self.peers.get(pc.peer as usize) {
                 Some(Some(p)) if p.dead.is_none() => p.addr,
@@ -753,6 +853,22 @@ impl OfiEndpoint {
                 self.pending.push_front(pc);
                 return Ok(());
             };
+            if !self.rma {
+                match self.post_emulated(&pc, dest, ctx) {
+                    Ok(Posted::Yes) => {}
+                    Ok(Posted::Again) => {
+                        self.give_tx(ctx);
+                        self.pending.push_front(pc);
+                        return Ok(());
+                    }
+                    Err(e) => {
+                        self.give_tx(ctx);
+                        self.mark_dead(pc.peer, e.to_string());
+                        self.fail_piece(pc.op, pc.peer);
+                    }
+                }
+                continue;
+            }
             // SAFETY: `local` is the caller's buffer (lent until poll_ops
             // reports the op), described by `desc` where the provider needs
             // it; the remote range was checked against the peer's key; the
@@ -794,6 +910,9 @@ impl OfiEndpoint {
     }
 
     fn expose_region(&mut self, ptr: *mut u8, len: usize, writable: bool) -> Result<RemoteKey, TransportError> {
+        if !self.rma {
+            return self.expose_emulated(ptr, len, writable);
+        }
         let addr = ptr as u64;
         if let Some(mr) = self.owned(addr, len) {
             let key = RemoteKey { addr: mr.remote_addr(addr), len: len as u64, key: mr.key };
@@ -810,7 +929,8 @@ impl OfiEndpoint {
 
     fn probe(&mut self, peer: PeerId) {
         let Some(Some(p)) = self.peers.get(peer as usize) else { return };
-        if p.probing || p.dead.is_some() || p.last_probe.elapsed() < PROBE_EVERY {
+        // Without RMA there is nothing to read: send failures report a dead peer elsewhere.
+        if !self.rma || p.probing || p.dead.is_some() || p.last_probe.elapsed() < PROBE_EVERY {
             return;
         }
         let (addr, key, dest) = (p.mailbox_addr, p.mailbox_key, p.addr);
@@ -839,29 +959,12 @@ impl OfiEndpoint {
         let mut todo: Vec<PeerId> = (0..self.size).filter(|&r| r != self.rank).collect();
         loop {
             todo.retain(|&peer| {
-                let Some(ctx) = self.take_tx(Tx::Mailbox(peer)) else { return true };
-                let p = self.peers[peer as usize].as_mut().expect("a peer");
-                let (d, k) = p.credits.totals();
-                let (addr, key, dest) = (p.mailbox_addr, p.mailbox_key, p.addr);
-                let word = &mut self.outbox[8 * peer as usize..][..8];
-                word.copy_from_slice(&mailbox::encode(d, k, false).to_le_bytes());
-                // SAFETY: the source word lies in the registered outbox, unchanged
-                // until this write completes (mailbox_busy); the context lives until then.
-                let rc = unsafe {
-                    sys::fmx_fi_write(self.fabric.ep(), word.as_ptr().cast(), 8, self.outbox_mr.desc, dest, addr, key, self.ctx_ptr(ctx))
-                };
-                match posted(rc) {
-                    Ok(Posted::Yes) => {
-                        self.peers[peer as usize].as_mut().expect("a peer").mailbox_busy = true;
-                        false
-                    }
-                    Ok(Posted::Again) => {
-                        self.give_tx(ctx);
-                        true
-                    }
-                    Err(rc) => {
-                        self.give_tx(ctx);
-                        self.mark_dead(peer, format!("connecting failed: {}", strerror(rc)));
+                let (d, k) = self.peers[peer as usize].as_ref().expect("a peer").credits.totals();
+                match self.send_mailbox_word(peer, mailbox::encode(d, k, false)) {
+                    Ok(Posted::Yes) => false,
+                    Ok(Posted::Again) => true,
+                    Err(reason) => {
+                        self.mark_dead(peer, format!("connecting failed: {reason}"));
                         false
                     }
                 }
@@ -948,7 +1051,8 @@ impl OfiEndpoint {
         let rc = unsafe { sys::fmx_fi_tsend(self.fabric.ep(), src.cast(), len, desc, dest, tag, self.ctx_ptr(ctx)) };
         let out = self.after_send(peer, rc);
         if matches!(out, Ok(SendOutcome::Sent)) {
-            self.tx[ctx - self.recv_slots] = Tx::Slot(peer, lease);
+            let base = self.tx_base();
+            self.tx[ctx - base] = Tx::Slot(peer, lease);
         } else {
             self.give_tx(ctx);
             self.send_pool.release(lease);
@@ -975,6 +1079,7 @@ impl Drop for OfiEndpoint {
         // our slots and contexts; regions and the domain close after.
         self.fabric.close_endpoint();
         self.exposed.clear();
+        self.emulated.clear();
         self.registry.clear();
         self.ops.clear();
     }
@@ -1086,6 +1191,9 @@ impl Endpoint for OfiEndpoint {
     }
 
     fn revoke(&mut self, key: &RemoteKey) {
+        if !self.rma {
+            return self.revoke_emulated(key);
+        }
         self.exposed.remove(&(key.addr, key.key)); // an owned buffer: nothing to do
     }
 
@@ -1108,6 +1216,9 @@ impl Endpoint for OfiEndpoint {
         let n = finished.len();
         for id in finished {
             let Some(op) = self.ops.remove(&id) else { continue };
+            if !self.rma {
+                self.emulated_ids.retain(|_, o| *o != id);
+            }
             drop(op.local);
             let _ = op.peer;
             done(id, op.error.map_or(Ok(()), Err));

@@ -80,16 +80,17 @@ unsafe impl Send for Info {}
 // SAFETY: as above; nothing mutates it after construction.
 unsafe impl Sync for Info {}
 
-/// What fmx asks of a provider.
-pub(crate) fn wanted_caps() -> u64 {
-    u64::from(sys::FI_TAGGED | sys::FI_RMA | sys::FI_READ | sys::FI_WRITE | sys::FI_REMOTE_READ | sys::FI_REMOTE_WRITE)
+/// What fmx asks of a provider: tagged messages, and RMA when `rma`.
+pub(crate) fn wanted_caps(rma: bool) -> u64 {
+    let rma_caps = sys::FI_RMA | sys::FI_READ | sys::FI_WRITE | sys::FI_REMOTE_READ | sys::FI_REMOTE_WRITE;
+    u64::from(sys::FI_TAGGED | if rma { rma_caps } else { 0 })
 }
 
 impl Info {
     /// Asks libfabric for reliable datagram endpoints with tagged messages,
-    /// RMA and send-after-send order. `provider` (e.g. `"tcp;ofi_rxm"`)
+    /// send-after-send order, and RMA when `rma`. `provider` (e.g. `"tcp;ofi_rxm"`)
     /// restricts the answer; `FI_PROVIDER` restricts it inside libfabric.
-    pub fn query(provider: Option<&str>, domain: Option<&str>) -> Result<Self, TransportError> {
+    pub fn query(provider: Option<&str>, domain: Option<&str>, rma: bool) -> Result<Self, TransportError> {
         // SAFETY: fi_dupinfo(NULL) allocates a zeroed fi_info with its attribute structs (fi_allocinfo).
         let hints = unsafe { sys::fi_dupinfo(ptr::null()) };
         if hints.is_null() {
@@ -99,7 +100,7 @@ impl Info {
         // strings put in it are malloc'ed (strdup) because fi_freeinfo frees them.
         let rc = unsafe {
             let h = &mut *hints;
-            h.caps = wanted_caps();
+            h.caps = wanted_caps(rma);
             // fmx hands every operation a context of fi_context2 size that lives until its completion.
             h.mode = sys::fmx_fi_context_modes();
             (*h.ep_attr).type_ = sys::FI_EP_RDM;
@@ -153,8 +154,9 @@ impl Info {
                 }
                 Err(TransportError::Setup {
                     what: format!(
-                        "no libfabric provider offers reliable datagram endpoints (FI_EP_RDM) with tagged messages, RMA and \
+                        "no libfabric provider offers reliable datagram endpoints (FI_EP_RDM) with tagged messages{} and \
                          send-after-send order for {which} (libfabric {}; `fi_info -t FI_EP_RDM` lists what this host has)",
+                        if rma { ", RMA" } else { "" },
                         sys::LIBFABRIC_VERSION
                     ),
                     source: std::io::Error::other(strerror(i64::from(rc.min(-(sys::FI_ENODATA as i32))))),

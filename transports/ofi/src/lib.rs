@@ -18,6 +18,9 @@
 //!   core's registered buffers are registered once; plain slices are
 //!   registered per operation only where the provider needs local
 //!   descriptors (`FI_MR_LOCAL`).
+//! - **Without FI_RMA** (or `FMX_OFI_RMA=0`): reads, writes and credit
+//!   returns travel as tagged messages (GET/PUT requests, data with a
+//!   matching tag), see `endpoint/tagged.rs`.
 //! - **Registration modes**: `FI_MR_LOCAL`, `FI_MR_VIRT_ADDR` (else keys
 //!   address offsets), `FI_MR_ALLOCATED`, `FI_MR_PROV_KEY` (else fmx picks
 //!   unique keys), `FI_MR_ENDPOINT` (regions bound to the endpoint).
@@ -32,7 +35,7 @@
 //! `FMX_OFI_DOMAIN` (a comma-separated list is taken by rank), else the
 //! provider's first.
 //! Every rank must end up with the same provider (checked at connect).
-//! Settings: `FMX_OFI_PIECE`, `FMX_OFI_DEBUG`, and the shared
+//! Settings: `FMX_OFI_PIECE`, `FMX_OFI_RMA`, `FMX_OFI_DEBUG`, and the shared
 //! `FMX_POOL_SLOTS`, `FMX_SLOT_BYTES`, `FMX_NEWCOMER_CREDITS`, `FMX_CREDIT_THRESHOLD`.
 
 mod address;

@@ -10,6 +10,8 @@ use fmx_transport::{Endpoint, MsgHeader, OpStatus, SendOutcome, TransportError};
 
 fn config(rank: u32, provider: &str) -> OfiConfig {
     let mut c = OfiConfig::from_env(rank, 2).expect("defaults");
+    c.rma = !provider.ends_with("+tagged");
+    let provider = provider.trim_end_matches("+tagged");
     c.provider = Some(provider.into());
     // tcp over loopback only: never the machine's outside interface.
     c.domain = (provider == "tcp;ofi_rxm").then(|| "lo".into());
@@ -31,6 +33,7 @@ where
             let theirs = rx.recv().unwrap();
             let addrs = if rank == 0 { vec![mine, theirs] } else { vec![theirs, mine] };
             let mut ep = setup.connect(&addrs).expect("connect");
+            assert_eq!(ep.uses_rma(), !provider.ends_with("+tagged"));
             ep.reallocate_credits().unwrap();
             body(rank, &mut ep);
             ep.finalize().unwrap();
@@ -160,6 +163,13 @@ fn traffic(rank: u32, ep: &mut OfiEndpoint) {
 #[test]
 fn eager_credits_and_rma_over_tcp_on_loopback() {
     pair("tcp;ofi_rxm", traffic);
+}
+
+/// The same traffic with one-sided operations and credit returns carried by
+/// tagged messages, as on a provider without FI_RMA (`FMX_OFI_RMA=0`).
+#[test]
+fn eager_credits_and_emulated_reads_and_writes_over_tcp() {
+    pair("tcp;ofi_rxm+tagged", traffic);
 }
 
 #[test]
