@@ -37,6 +37,22 @@ pub struct ReceiveMemory {
     pub eager_resident: usize,
 }
 
+impl ReceiveMemory {
+    /// Receive memory of a transport whose slots never resize: `slice` eager
+    /// slots and `ctrl` control slots per peer, `own` slots for messages to
+    /// ourselves, each of `slot_bytes`.
+    pub fn fixed(credit: &crate::credit::CreditConfig, peers: u32, slot_bytes: usize, own: usize) -> Self {
+        let (peers, slice) = (peers as usize, credit.slice as usize);
+        Self {
+            eager_pool: slice * peers * slot_bytes,
+            per_peer: slice * slot_bytes,
+            control: credit.ctrl as usize * peers * slot_bytes,
+            own: own * slot_bytes,
+            eager_resident: slice * peers * slot_bytes,
+        }
+    }
+}
+
 /// Whether a one-sided operation finished inside the call.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[must_use]

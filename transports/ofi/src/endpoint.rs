@@ -238,7 +238,11 @@ impl OfiSetup {
         }
         if std::env::var_os("FMX_OFI_DEBUG").is_some() {
             let (fabric, domain) = info.fabric_and_domain();
-            eprintln!("fmx-ofi rank {}: provider {provider}, fabric {fabric}, domain {domain}, rma {rma}, mr_mode {:?}", cfg.rank, info.mr_mode());
+            eprintln!(
+                "fmx-ofi rank {}: provider {provider}, fabric {fabric}, domain {domain}, rma {rma}, mr_mode {:?}",
+                cfg.rank,
+                info.mr_mode()
+            );
         }
         let inject = info.inject_size();
         let max_msg = info.max_msg_size();
@@ -250,13 +254,17 @@ impl OfiSetup {
         }
         if !rma && inject < tagged::CTRL_BYTES {
             return Err(TransportError::Setup {
-                what: format!("provider {provider} has neither RMA nor an inject size of {} bytes for control messages", tagged::CTRL_BYTES),
+                what: format!(
+                    "provider {provider} has neither RMA nor an inject size of {} bytes for control messages",
+                    tagged::CTRL_BYTES
+                ),
                 source: std::io::Error::from(std::io::ErrorKind::Unsupported),
             });
         }
         // Control receives without RMA: generous, since a message arriving with none
         // posted waits in the provider's unexpected queue (which shm 1.17 mishandles).
-        let ctrl_slots = if rma { 0 } else { cfg.ctrl_slots.unwrap_or(4 * peers as usize + 64).min(rx_size.saturating_sub(recv_slots)).max(1) };
+        let ctrl_slots =
+            if rma { 0 } else { cfg.ctrl_slots.unwrap_or(4 * peers as usize + 64).min(rx_size.saturating_sub(recv_slots)).max(1) };
         let fabric = Arc::new(Fabric::open(info, recv_slots + ctrl_slots + TX_CONTEXTS + 64, cfg.size as usize)?);
         let registrations = Arc::new(AtomicU64::new(0));
         let recv = anon(recv_slots * cfg.slot_bytes)?;
@@ -752,7 +760,8 @@ impl OfiEndpoint {
         // SAFETY: the source word lies in the registered outbox, left
         // unchanged until this write completes (mailbox_busy); the context
         // lives in `ctx` until its completion.
-        let rc = unsafe { sys::fmx_fi_write(self.fabric.ep(), src.as_ptr().cast(), 8, self.outbox_mr.desc, dest, addr, key, self.ctx_ptr(ctx)) };
+        let rc =
+            unsafe { sys::fmx_fi_write(self.fabric.ep(), src.as_ptr().cast(), 8, self.outbox_mr.desc, dest, addr, key, self.ctx_ptr(ctx)) };
         match posted(rc) {
             Ok(Posted::Yes) => {
                 self.peers[peer as usize].as_mut().expect("a peer").mailbox_busy = true;
@@ -1259,15 +1268,7 @@ impl Endpoint for OfiEndpoint {
     }
 
     fn receive_memory(&self) -> ReceiveMemory {
-        let peers = self.size.saturating_sub(1) as usize;
-        let eager = self.credit.slice as usize * peers * self.slot_bytes;
-        ReceiveMemory {
-            eager_pool: eager,
-            per_peer: self.credit.slice as usize * self.slot_bytes,
-            control: CTRL_SLOTS as usize * peers * self.slot_bytes,
-            own: OWN_SLOTS * self.slot_bytes,
-            eager_resident: eager,
-        }
+        ReceiveMemory::fixed(&self.credit, self.size.saturating_sub(1), self.slot_bytes, OWN_SLOTS)
     }
 
     fn register_owned(&mut self, region: &[u8]) -> Result<(), TransportError> {

@@ -1096,14 +1096,7 @@ impl Endpoint for VerbsEndpoint {
     }
 
     fn receive_memory(&self) -> ReceiveMemory {
-        let peers = self.size.saturating_sub(1) as usize;
-        ReceiveMemory {
-            eager_pool: self.credit.slice as usize * peers * self.slot_bytes,
-            per_peer: self.credit.slice as usize * self.slot_bytes,
-            control: CTRL_SLOTS as usize * peers * self.slot_bytes,
-            own: OWN_SLOTS * self.slot_bytes,
-            eager_resident: self.credit.slice as usize * peers * self.slot_bytes,
-        }
+        ReceiveMemory::fixed(&self.credit, self.size.saturating_sub(1), self.slot_bytes, OWN_SLOTS)
     }
 
     fn register_owned(&mut self, region: &[u8]) -> Result<(), TransportError> {

@@ -195,9 +195,15 @@ impl OfiEndpoint {
             // its buffer back. The context lives until the completion.
             let rc = unsafe {
                 match d {
-                    Deferred::Serve { ptr, len, desc, id, .. } => {
-                        sys::fmx_fi_tsend(self.fabric.ep(), ptr as *const c_void, len, desc as *mut c_void, dest, data_tag(false, self.rank, id), self.ctx_ptr(ctx))
-                    }
+                    Deferred::Serve { ptr, len, desc, id, .. } => sys::fmx_fi_tsend(
+                        self.fabric.ep(),
+                        ptr as *const c_void,
+                        len,
+                        desc as *mut c_void,
+                        dest,
+                        data_tag(false, self.rank, id),
+                        self.ctx_ptr(ctx),
+                    ),
                     Deferred::Sink { ptr, len, desc, id, .. } => sys::fmx_fi_trecv(
                         self.fabric.ep(),
                         ptr as *mut c_void,
@@ -241,7 +247,8 @@ impl OfiEndpoint {
         if let Some(&op) = self.emulated_ids.get(&id) {
             self.emulated_ids.remove(&id);
             if let Some(o) = self.ops.get_mut(&op) {
-                o.error.get_or_insert(TransportError::Malformed { peer, what: "the owner refused a read or write outside what it exposed" });
+                o.error
+                    .get_or_insert(TransportError::Malformed { peer, what: "the owner refused a read or write outside what it exposed" });
             }
         }
     }
@@ -253,12 +260,27 @@ impl OfiEndpoint {
         if pc.read {
             // SAFETY: `local` is the caller's buffer, lent until poll_ops reports the op.
             let rc = unsafe {
-                sys::fmx_fi_trecv(self.fabric.ep(), pc.local.cast(), pc.len, pc.desc, sys::FI_ADDR_UNSPEC, data_tag(false, pc.peer, id), 0, self.ctx_ptr(ctx))
+                sys::fmx_fi_trecv(
+                    self.fabric.ep(),
+                    pc.local.cast(),
+                    pc.len,
+                    pc.desc,
+                    sys::FI_ADDR_UNSPEC,
+                    data_tag(false, pc.peer, id),
+                    0,
+                    self.ctx_ptr(ctx),
+                )
             };
             match posted(rc) {
                 Ok(Posted::Yes) => {}
                 Ok(Posted::Again) => return Ok(Posted::Again),
-                Err(rc) => return Err(TransportError::Io { op: "fi_trecv (read)", peer: pc.peer, source: std::io::Error::other(format!("rc {rc}")) }),
+                Err(rc) => {
+                    return Err(TransportError::Io {
+                        op: "fi_trecv (read)",
+                        peer: pc.peer,
+                        source: std::io::Error::other(format!("rc {rc}")),
+                    })
+                }
             }
             // The receive is posted: the GET must go out, waiting for room if need be.
             self.ctrl_until_sent(pc.peer, &msg)?;
@@ -268,7 +290,15 @@ impl OfiEndpoint {
             }
             // SAFETY: `local` is the caller's buffer, lent until poll_ops reports the op.
             let rc = unsafe {
-                sys::fmx_fi_tsend(self.fabric.ep(), pc.local.cast(), pc.len, pc.desc, dest, data_tag(true, self.rank, id), self.ctx_ptr(ctx))
+                sys::fmx_fi_tsend(
+                    self.fabric.ep(),
+                    pc.local.cast(),
+                    pc.len,
+                    pc.desc,
+                    dest,
+                    data_tag(true, self.rank, id),
+                    self.ctx_ptr(ctx),
+                )
             };
             if !matches!(posted(rc), Ok(Posted::Yes)) {
                 // The PUT is out: the data must follow.
@@ -296,7 +326,15 @@ impl OfiEndpoint {
         loop {
             // SAFETY: as in post_emulated.
             let rc = unsafe {
-                sys::fmx_fi_tsend(self.fabric.ep(), pc.local.cast(), pc.len, pc.desc, dest, data_tag(true, self.rank, id), self.ctx_ptr(ctx))
+                sys::fmx_fi_tsend(
+                    self.fabric.ep(),
+                    pc.local.cast(),
+                    pc.len,
+                    pc.desc,
+                    dest,
+                    data_tag(true, self.rank, id),
+                    self.ctx_ptr(ctx),
+                )
             };
             match posted(rc) {
                 Ok(Posted::Yes) => return Ok(()),
