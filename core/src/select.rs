@@ -213,6 +213,9 @@ impl Endpoint for Transport {
     fn settle_receive_shares(&mut self) -> bool {
         dispatch!(self, ep => ep.settle_receive_shares())
     }
+    fn split_rendezvous(&self) -> bool {
+        dispatch!(self, ep => ep.split_rendezvous())
+    }
     fn register_owned(&mut self, region: &[u8]) -> Result<(), TransportError> {
         dispatch!(self, ep => ep.register_owned(region))
     }

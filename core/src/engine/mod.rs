@@ -338,7 +338,7 @@ impl Engine {
                         continue;
                     };
                     let status = RawStatus { src: peer, tag, sent: key.len, capacity: dst.len() as u64 };
-                    let split = key.len >= SPLIT_MIN && dst.len() as u64 >= key.len;
+                    let split = key.len >= SPLIT_MIN && dst.len() as u64 >= key.len && self.tp.split_rendezvous();
                     let n = dst.len().min(key.len as usize);
                     let mine = if split {
                         // Expose our buffer; the sender writes the second half while we read the first.

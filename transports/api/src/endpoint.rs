@@ -214,6 +214,14 @@ pub trait Endpoint: Send {
         false
     }
 
+    /// Whether a large rendezvous should move in two halves at once (the
+    /// receiver reads the first while the sender writes the second). Worth it
+    /// where a read and a write proceed in parallel (two CPUs copying, two
+    /// directions of a link); not where both queue on one byte stream (tcp).
+    fn split_rendezvous(&self) -> bool {
+        true
+    }
+
     /// Registers memory the caller owns and keeps until
     /// [`Endpoint::deregister_owned`] (a registered buffer): operations on it
     /// then need no registration of their own. Transports without
