@@ -288,22 +288,8 @@ impl OfiEndpoint {
             if matches!(self.ctrl(pc.peer, &msg)?, Posted::Again) {
                 return Ok(Posted::Again);
             }
-            // SAFETY: `local` is the caller's buffer, lent until poll_ops reports the op.
-            let rc = unsafe {
-                sys::fmx_fi_tsend(
-                    self.fabric.ep(),
-                    pc.local.cast(),
-                    pc.len,
-                    pc.desc,
-                    dest,
-                    data_tag(true, self.rank, id),
-                    self.ctx_ptr(ctx),
-                )
-            };
-            if !matches!(posted(rc), Ok(Posted::Yes)) {
-                // The PUT is out: the data must follow.
-                self.tsend_until_sent(pc, dest, id, ctx)?;
-            }
+            // The PUT is out: the data must follow.
+            self.tsend_until_sent(pc, dest, id, ctx)?;
         }
         self.emulated_ids.insert(id, pc.op);
         self.next_tag += 1;
@@ -324,7 +310,8 @@ impl OfiEndpoint {
     fn tsend_until_sent(&mut self, pc: &Piece, dest: sys::fi_addr_t, id: u64, ctx: usize) -> Result<(), TransportError> {
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
-            // SAFETY: as in post_emulated.
+            // SAFETY: `local` is the caller's buffer, lent until poll_ops reports
+            // the op; the context lives until the completion.
             let rc = unsafe {
                 sys::fmx_fi_tsend(
                     self.fabric.ep(),
