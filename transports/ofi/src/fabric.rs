@@ -215,12 +215,6 @@ impl Info {
         // SAFETY: as above.
         unsafe { (*self.first().tx_attr).inject_size }
     }
-
-    /// Whether progress is manual (made only inside our calls).
-    pub fn manual_progress(&self) -> bool {
-        // SAFETY: as above.
-        unsafe { (*self.first().domain_attr).data_progress == sys::FI_PROGRESS_MANUAL }
-    }
 }
 
 impl Drop for Info {
