@@ -112,6 +112,17 @@ pub enum Error {
     /// Launching processes failed.
     #[error("launch: {0}")]
     Launch(String),
+    /// An intercommunicator's arguments are wrong, or it is used outside its window.
+    #[error("{op}: {detail}")]
+    Intercomm {
+        /// The operation.
+        op: &'static str,
+        /// What is wrong.
+        detail: String,
+    },
+    /// A reconfiguration (spawn, redistribution, checkpoint) failed.
+    #[error("reconfiguration: {0}")]
+    Reconfig(String),
 }
 
 /// `Result` with [`Error`].

@@ -61,12 +61,15 @@ mod coll;
 mod comm;
 mod engine;
 mod error;
+mod intercomm;
 mod join;
 pub mod launcher;
 mod locality;
+pub mod malleable;
 mod registered;
 mod scope;
 mod select;
+mod spawn;
 mod status;
 mod topo;
 
@@ -79,6 +82,7 @@ pub use coll::{Op, Reduce};
 pub use comm::Comm;
 pub use comm::SendAttempt;
 pub use error::{Error, Result};
+pub use intercomm::{Intercomm, Side};
 pub use fmx_transport::{ReceiveMemory, RegistrationStats};
 pub use locality::Locality;
 pub use registered::Registered;
@@ -92,6 +96,8 @@ static INITIALIZED: AtomicBool = AtomicBool::new(false);
 /// The library instance: owns the transport and the world communicator.
 pub struct Fmx {
     world: Comm,
+    /// [`Fmx::parent`] was called (the bridge is joined once).
+    parent_taken: Cell<bool>,
 }
 
 /// How to start.
@@ -129,15 +135,22 @@ pub fn init_with(opts: InitOptions) -> Result<Fmx> {
 
 fn init_inner() -> Result<Fmx> {
     launcher::watch_launcher()?;
-    let mut boot = bootstrap::Bootstrap::from_env()?;
-    let tp = select::open(&mut boot)?;
-    let size = boot.size();
-    let cores = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
+    let boot = bootstrap::Bootstrap::from_env()?;
     // Ranks sharing this host: fmxrun says; PMI launchers place ranks on nodes.
     let local_ranks = std::env::var("FMX_LOCAL_SIZE")
         .ok()
         .and_then(|v| v.parse::<usize>().ok())
         .unwrap_or_else(|| Locality::from_nodes(&boot.nodes(), boot.rank()).local_size as usize);
+    let world = open_world(boot, local_ranks)?;
+    Ok(Fmx { world, parent_taken: Cell::new(false) })
+}
+
+/// Opens a transport through `boot` and the communicator of all its ranks
+/// (context 0): the process's world, or a bridge between two worlds.
+pub(crate) fn open_world(mut boot: bootstrap::Bootstrap, local_ranks: usize) -> Result<Comm> {
+    let tp = select::open(&mut boot)?;
+    let size = boot.size();
+    let cores = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
     let sh = Rc::new(comm::Shared {
         engine: RefCell::new(engine::Engine::new(tp, local_ranks > cores)),
         lend: RefCell::new(fmx_transport::lend::LendTable::new()),
@@ -146,8 +159,22 @@ fn init_inner() -> Result<Fmx> {
         in_handler: Cell::new(false),
         max_ctx: Cell::new(1),
     });
-    let world = Comm::new(sh, 0, (0..size).collect(), size);
-    Ok(Fmx { world })
+    Ok(Comm::new(sh, 0, (0..size).collect(), size))
+}
+
+/// Finalizes one engine: drains queued sends, waits for every rank through
+/// the launcher, closes the transport.
+pub(crate) fn finalize_shared(sh: &comm::Shared) -> Result<()> {
+    if sh.finalized.get() {
+        return Ok(());
+    }
+    // Drain sends that still wait for credits: peers may need them to finish.
+    sh.engine.borrow_mut().drain_queued(&mut sh.lend.borrow_mut())?;
+    sh.finalized.set(true);
+    let r = sh.boot.borrow_mut().finalize();
+    use fmx_transport::Endpoint;
+    sh.engine.borrow_mut().tp.finalize()?;
+    r
 }
 
 impl Fmx {
@@ -231,17 +258,7 @@ impl Fmx {
     }
 
     fn finalize_inner(&mut self) -> Result<()> {
-        let sh = &self.world.sh;
-        if sh.finalized.get() {
-            return Ok(());
-        }
-        // Drain sends that still wait for credits: peers may need them to finish.
-        sh.engine.borrow_mut().drain_queued(&mut sh.lend.borrow_mut()).map_err(|e| self.world.localize(e))?;
-        sh.finalized.set(true);
-        let r = sh.boot.borrow_mut().finalize();
-        use fmx_transport::Endpoint;
-        sh.engine.borrow_mut().tp.finalize()?;
-        r
+        finalize_shared(&self.world.sh).map_err(|e| self.world.localize(e))
     }
 }
 

@@ -4,7 +4,7 @@ use std::io::BufReader;
 use std::net::TcpStream;
 use std::time::Duration;
 
-use super::wire::{self, OP_ALLGATHER, OP_BARRIER, OP_FINALIZE, OP_HELLO};
+use super::wire::{self, OP_ALLGATHER, OP_BARRIER, OP_FINALIZE, OP_HELLO, OP_SPAWN};
 use crate::error::{Error, Result};
 
 /// `host:port` of fmxrun's rendezvous server.
@@ -35,8 +35,13 @@ impl Client {
             return Err(Error::Bootstrap(format!("FMX_RANK={rank} is not below FMX_SIZE={size}")));
         }
         let job = std::env::var("FMX_JOB").map_err(|_| Error::Bootstrap("FMX_JOB is not set (fmxrun sets it)".into()))?;
+        Self::connect(&addr, rank, size, job)
+    }
+
+    /// Joins the group served at `addr` as `rank` of `size`.
+    pub(crate) fn connect(addr: &str, rank: u32, size: u32, job: String) -> Result<Self> {
         let io = |what: String| move |source| Error::BootstrapIo { what, source };
-        let stream = TcpStream::connect(&addr).map_err(io(format!("connecting to fmxrun at {addr}")))?;
+        let stream = TcpStream::connect(addr).map_err(io(format!("connecting to fmxrun at {addr}")))?;
         stream.set_nodelay(true).map_err(io("TCP_NODELAY".into()))?;
         stream.set_read_timeout(Some(ROUND_TIMEOUT)).map_err(io("read timeout".into()))?;
         let mut c = Self { rank, size, job, stream: BufReader::new(stream) };
@@ -74,5 +79,23 @@ impl Client {
 
     pub(crate) fn finalize(&mut self) -> Result<()> {
         self.round(OP_FINALIZE, &[], "finalize").map(drop)
+    }
+
+    /// Asks fmxrun (with every rank of the world) to start a world of `np`
+    /// ranks; with `bridge`, the answer is the bridge's address and job id.
+    pub(crate) fn spawn_world(&mut self, np: u32, bridge: bool, values: &str) -> Result<Option<(String, String)>> {
+        let mut body = np.to_le_bytes().to_vec();
+        body.push(u8::from(bridge));
+        body.extend_from_slice(values.as_bytes());
+        let reply = self.round(OP_SPAWN, &body, "spawn")?;
+        match reply.split_first() {
+            Some((0, rest)) if !bridge => rest.is_empty().then_some(None).ok_or_else(|| Error::Bootstrap("malformed spawn reply".into())),
+            Some((0, rest)) => match wire::decode_blobs(rest).as_deref() {
+                Some([addr, job]) => Ok(Some((String::from_utf8_lossy(addr).into_owned(), String::from_utf8_lossy(job).into_owned()))),
+                _ => Err(Error::Bootstrap("malformed spawn reply".into())),
+            },
+            Some((_, msg)) => Err(Error::Launch(String::from_utf8_lossy(msg).into_owned())),
+            None => Err(Error::Bootstrap("empty spawn reply".into())),
+        }
     }
 }

@@ -124,6 +124,26 @@ impl Bootstrap {
         }
     }
 
+    /// Asks fmxrun to start a world of `np` ranks (collective over this world);
+    /// with `bridge`, the bridge's address and job id come back.
+    pub(crate) fn spawn_world(&mut self, np: u32, bridge: bool, values: &str) -> Result<Option<(String, String)>> {
+        match self {
+            Self::Fmxrun(c) => c.spawn_world(np, bridge, values),
+            Self::Single => Err(Error::Launch(
+                "spawn_world: this process was started alone; start it with fmxrun, which acts as the process manager".into(),
+            )),
+            Self::Pmi(_) => Err(Error::Launch(format!(
+                "spawn_world: {} started this process; only fmxrun can start a world connected to this one (use fmxrun -n N)",
+                self.name()
+            ))),
+        }
+    }
+
+    /// Joins a bridge group (two worlds at once) served by fmxrun at `addr`.
+    pub(crate) fn bridge(addr: &str, rank: u32, size: u32, job: String) -> Result<Self> {
+        Ok(Self::Fmxrun(fmxrun::Client::connect(addr, rank, size, job)?))
+    }
+
     /// A value left by the world that spawned this one.
     pub(crate) fn parent_value(&mut self, key: &str) -> Result<Option<String>> {
         match self {

@@ -16,6 +16,10 @@ pub const OP_BARRIER: u8 = b'B';
 /// The rank finalizes (a barrier, then the connection closes).
 pub const OP_FINALIZE: u8 = b'F';
 
+/// The world asks fmxrun to start another world (collective): new size (u32),
+/// bridge flag (u8), opaque values; the answer says how to reach the bridge.
+pub const OP_SPAWN: u8 = b'S';
+
 /// Largest frame accepted (bounds memory against a confused peer).
 pub const MAX_FRAME: usize = 64 << 20;
 

@@ -19,6 +19,7 @@ pub(crate) mod tag {
     pub(crate) const ALLTOALL: u32 = 8 << 20;
     pub(crate) const JOIN: u32 = 9 << 20;
     pub(crate) const NEIGHBOR: u32 = 10 << 20;
+    pub(crate) const REDISTRIBUTE: u32 = 11 << 20;
 }
 
 /// Block `i` of `n` elements split over `parts`: the first `n % parts` blocks get one more.

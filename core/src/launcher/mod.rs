@@ -12,12 +12,16 @@
 
 use std::ffi::OsString;
 use std::io::{BufRead, BufReader, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpListener;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use crate::bootstrap::wire::{self, OP_ALLGATHER, OP_BARRIER, OP_FINALIZE, OP_HELLO};
+mod serve;
+
+use serve::SpawnAsk;
+use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM, SIGUSR1, SIGUSR2};
+
 use crate::bootstrap::ENV_RENDEZVOUS;
 use crate::error::{Error, Result};
 
@@ -69,9 +73,12 @@ pub struct Outcome {
 
 type Captured = std::sync::Arc<std::sync::Mutex<Vec<(u32, bool, String)>>>;
 
-enum Event {
-    Exit(u32, ExitStatus),
+pub(crate) enum Event {
+    /// Process number (across every world) exited.
+    Exit(usize, ExitStatus),
     Signal(i32),
+    /// A world asks for another world.
+    Spawn(SpawnAsk),
 }
 
 impl Launch {
@@ -91,7 +98,8 @@ impl Launch {
         }
     }
 
-    /// Runs the job to its end.
+    /// Runs the job to its end: the first world, and every world it (or a
+    /// later one) spawns; the job ends when the last process has exited.
     pub fn run(&self) -> Result<Outcome> {
         if self.np == 0 {
             return Err(Error::Launch("the number of ranks must be at least 1".into()));
@@ -101,16 +109,10 @@ impl Launch {
                 return Err(Error::Launch(format!("unknown transport {t:?} (known: {})", crate::TRANSPORT_NAMES.join(", "))));
             }
         }
-        let listener =
-            TcpListener::bind((self.bind, 0)).map_err(|e| Error::Launch(format!("binding the rendezvous socket on {}: {e}", self.bind)))?;
-        let addr = listener.local_addr().map_err(|e| Error::Launch(format!("rendezvous address: {e}")))?;
         let job = new_job_id();
         let (tx, rx) = mpsc::channel();
-        let np = self.np;
-        std::thread::spawn(move || serve(&listener, np));
-        let signals =
-            signal_hook::iterator::Signals::new([signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM, signal_hook::consts::SIGHUP])
-                .map_err(|e| Error::Launch(format!("installing signal handlers: {e}")))?;
+        let signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM, SIGHUP, SIGUSR1, SIGUSR2])
+            .map_err(|e| Error::Launch(format!("installing signal handlers: {e}")))?;
         let sig_handle = signals.handle();
         {
             let tx = tx.clone();
@@ -123,51 +125,34 @@ impl Launch {
                 }
             });
         }
-        let mut pids = Vec::new();
-        let mut forwarders = Vec::new();
-        let captured: Option<Captured> = self.capture.then(Captured::default);
-        let mut spawn_err = None;
-        for rank in 0..self.np {
-            match self.spawn(rank, &job, &addr.to_string()) {
-                Ok(mut child) => {
-                    pids.push(Some(child.id()));
-                    if let Some(out) = child.stdout.take() {
-                        forwarders.push(forward(out, rank, false, captured.clone()));
-                    }
-                    if let Some(err) = child.stderr.take() {
-                        forwarders.push(forward(err, rank, true, captured.clone()));
-                    }
-                    let tx = tx.clone();
-                    std::thread::spawn(move || {
-                        if let Ok(st) = child.wait() {
-                            let _ = tx.send(Event::Exit(rank, st));
-                        }
-                    });
-                }
-                Err(e) => {
-                    spawn_err = Some(e);
-                    break;
-                }
-            }
-        }
-        drop(tx);
+        let mut st = JobState {
+            request_file: std::env::temp_dir().join(format!("fmx-{job}.reconfig")),
+            job,
+            procs: Vec::new(),
+            jobs: Vec::new(),
+            forwarders: Vec::new(),
+            captured: self.capture.then(Captured::default),
+            generation: 0,
+            events: tx,
+        };
+        let first = self.start_world(&mut st, self.np, &[]);
+        let mut spawn_err = first.err();
         let started = Instant::now();
-        let mut running = pids.iter().filter(|p| p.is_some()).count();
         let mut first_failure: Option<(u32, i32)> = None;
         let mut kill_at: Option<Instant> = spawn_err.as_ref().map(|_| Instant::now());
         let mut timed_out = false;
         let mut signalled = None;
-        while running > 0 {
+        while st.running() > 0 {
             let now = Instant::now();
             if let Some(t) = self.timeout {
                 if !timed_out && now >= started + t {
                     timed_out = true;
                     eprintln!("fmxrun: job timed out after {t:?}; killing every rank");
-                    kill_all(&pids, rustix::process::Signal::KILL);
+                    st.kill_all(rustix::process::Signal::KILL);
                 }
             }
             if kill_at.is_some_and(|k| now >= k) {
-                kill_all(&pids, rustix::process::Signal::KILL);
+                st.kill_all(rustix::process::Signal::KILL);
                 kill_at = None;
             }
             let mut wake = now + Duration::from_millis(200);
@@ -178,24 +163,43 @@ impl Launch {
                 wake = wake.min(started + t);
             }
             match rx.recv_timeout(wake.saturating_duration_since(now)) {
-                Ok(Event::Exit(rank, st)) => {
-                    running -= 1;
-                    pids[rank as usize] = None;
-                    let code = exit_code(st);
+                Ok(Event::Exit(idx, status)) => {
+                    st.procs[idx].pid = None;
+                    let code = exit_code(status);
+                    let (g, rank) = (st.procs[idx].generation, st.procs[idx].rank);
                     if code != 0 && first_failure.is_none() && !timed_out && signalled.is_none() {
                         first_failure = Some((rank, code));
-                        if running > 0 {
+                        if st.running() > 0 {
+                            let who = if g == 0 { format!("rank {rank}") } else { format!("rank {rank} of world {g}") };
                             eprintln!(
-                                "fmxrun: rank {rank} exited with code {code}; the other ranks get {:?} to notice, then are killed",
+                                "fmxrun: {who} exited with code {code}; the other ranks get {:?} to notice, then are killed",
                                 self.kill_grace
                             );
                             kill_at = Some(Instant::now() + self.kill_grace);
                         }
                     }
                 }
+                Ok(Event::Spawn(ask)) => {
+                    let answer = if first_failure.is_some() || timed_out || signalled.is_some() {
+                        Err("spawn: the job is ending (a rank failed or fmxrun was signalled)".to_string())
+                    } else {
+                        self.spawn_world(&mut st, &ask).map_err(|e| e.to_string())
+                    };
+                    if let Err(e) = &answer {
+                        eprintln!("fmxrun: {e}");
+                    }
+                    let _ = ask.reply.send(answer);
+                }
+                Ok(Event::Signal(s)) if s == SIGUSR1 || s == SIGUSR2 => {
+                    // Relayed as a reconfiguration request: one rank more, or one fewer.
+                    let req = if s == SIGUSR1 { "+1" } else { "-1" };
+                    if let Err(e) = write_request(&st.request_file, req) {
+                        eprintln!("fmxrun: relaying a reconfiguration request: {e}");
+                    }
+                }
                 Ok(Event::Signal(s)) => {
                     signalled = Some(s);
-                    kill_all(&pids, rustix::process::Signal::TERM);
+                    st.kill_all(rustix::process::Signal::TERM);
                     kill_at.get_or_insert(Instant::now() + self.kill_grace);
                 }
                 Err(mpsc::RecvTimeoutError::Timeout) => {}
@@ -203,11 +207,12 @@ impl Launch {
             }
         }
         sig_handle.close();
-        for f in forwarders {
+        for f in st.forwarders.drain(..) {
             let _ = f.join();
         }
-        let files_removed = crate::select::cleanup_job(&job);
-        if let Some(e) = spawn_err {
+        let files_removed = st.jobs.iter().map(|j| crate::select::cleanup_job(j)).sum();
+        let _ = std::fs::remove_file(&st.request_file);
+        if let Some(e) = spawn_err.take() {
             return Err(e);
         }
         let code = if timed_out {
@@ -217,27 +222,108 @@ impl Launch {
         } else {
             first_failure.map_or(0, |(_, c)| c)
         };
-        let lines = captured.map(|c| std::mem::take(&mut *c.lock().unwrap_or_else(std::sync::PoisonError::into_inner))).unwrap_or_default();
-        Ok(Outcome { code, failed_rank: first_failure.map(|(r, _)| r), timed_out, job, files_removed, lines })
+        let lines =
+            st.captured.map(|c| std::mem::take(&mut *c.lock().unwrap_or_else(std::sync::PoisonError::into_inner))).unwrap_or_default();
+        Ok(Outcome { code, failed_rank: first_failure.map(|(r, _)| r), timed_out, job: st.job, files_removed, lines })
     }
 
-    fn spawn(&self, rank: u32, job: &str, addr: &str) -> Result<Child> {
+    /// Starts a world of `np` ranks with its own rendezvous; `extra` is more environment.
+    fn start_world(&self, st: &mut JobState, np: u32, extra: &[(String, String)]) -> Result<()> {
+        let g = st.generation;
+        let job = if g == 0 { st.job.clone() } else { format!("{}g{g}", st.job) };
+        let addr = self.listen(np, &st.events)?;
+        st.jobs.push(job.clone());
+        for rank in 0..np {
+            let mut child = self.start_rank(rank, np, &job, &addr, extra, &st.request_file)?;
+            let idx = st.procs.len();
+            st.procs.push(Proc { pid: Some(child.id()), generation: g, rank });
+            let label = if g == 0 { format!("[{rank}] ") } else { format!("[{g}:{rank}] ") };
+            if let Some(out) = child.stdout.take() {
+                st.forwarders.push(forward(out, rank, label.clone(), false, st.captured.clone()));
+            }
+            if let Some(err) = child.stderr.take() {
+                st.forwarders.push(forward(err, rank, label, true, st.captured.clone()));
+            }
+            let tx = st.events.clone();
+            std::thread::spawn(move || {
+                if let Ok(status) = child.wait() {
+                    let _ = tx.send(Event::Exit(idx, status));
+                }
+            });
+        }
+        Ok(())
+    }
+
+    /// A new world asked for by a running one: its processes, and (in
+    /// intercommunicator mode) the bridge both worlds join.
+    fn spawn_world(&self, st: &mut JobState, ask: &SpawnAsk) -> Result<Option<(String, String)>> {
+        if ask.np == 0 {
+            return Err(Error::Launch("spawn: the new world needs at least one rank (asked for 0)".into()));
+        }
+        let values = String::from_utf8(ask.values.clone())
+            .ok()
+            .filter(|v| !v.contains('\0'))
+            .ok_or_else(|| Error::Launch("spawn: the values must be UTF-8 without NUL".into()))?;
+        st.generation += 1;
+        let g = st.generation;
+        let mut extra = vec![
+            ("FMX_RECONFIG_COUNT".to_string(), g.to_string()),
+            ("FMX_PARENT_SIZE".to_string(), ask.parent_np.to_string()),
+            ("FMX_SPAWN_VALUES".to_string(), values),
+        ];
+        let bridge = if ask.bridge {
+            let job = format!("{}b{g}", st.job);
+            let addr = self.listen(ask.parent_np + ask.np, &st.events)?;
+            st.jobs.push(job.clone());
+            extra.push(("FMX_BRIDGE_RENDEZVOUS".into(), addr.clone()));
+            extra.push(("FMX_BRIDGE_JOB".into(), job.clone()));
+            Some((addr, job))
+        } else {
+            None
+        };
+        self.start_world(st, ask.np, &extra)?;
+        Ok(bridge)
+    }
+
+    /// A rendezvous server for `np` ranks; its address.
+    fn listen(&self, np: u32, events: &mpsc::Sender<Event>) -> Result<String> {
+        let listener =
+            TcpListener::bind((self.bind, 0)).map_err(|e| Error::Launch(format!("binding the rendezvous socket on {}: {e}", self.bind)))?;
+        let addr = listener.local_addr().map_err(|e| Error::Launch(format!("rendezvous address: {e}")))?;
+        let events = events.clone();
+        std::thread::spawn(move || serve::serve(&listener, np, &events));
+        Ok(addr.to_string())
+    }
+
+    fn start_rank(
+        &self,
+        rank: u32,
+        np: u32,
+        job: &str,
+        addr: &str,
+        extra: &[(String, String)],
+        request_file: &std::path::Path,
+    ) -> Result<Child> {
         let mut cmd = Command::new(&self.program);
         cmd.args(&self.args)
             .env("FMX_RANK", rank.to_string())
-            .env("FMX_SIZE", self.np.to_string())
+            .env("FMX_SIZE", np.to_string())
             .env("FMX_LOCAL_RANK", rank.to_string())
-            .env("FMX_LOCAL_SIZE", self.np.to_string())
+            .env("FMX_LOCAL_SIZE", np.to_string())
             .env("FMX_JOB", job)
             .env(ENV_RENDEZVOUS, addr)
-            .env(ENV_LAUNCHER_PID, std::process::id().to_string());
+            .env(ENV_LAUNCHER_PID, std::process::id().to_string())
+            .env(ENV_RECONFIG_REQUEST, request_file);
         if let Some(t) = &self.transport {
             cmd.env("FMX_TRANSPORT", t);
         }
         for (k, v) in &self.env {
             cmd.env(k, v);
         }
-        if rank != 0 {
+        for (k, v) in extra {
+            cmd.env(k, v);
+        }
+        if rank != 0 || !extra.is_empty() {
             cmd.stdin(Stdio::null());
         }
         // Each rank leads its own process group, so that killing a rank also
@@ -250,18 +336,55 @@ impl Launch {
     }
 }
 
+/// Environment variable naming the file a reconfiguration request is read
+/// from (fmxrun relays SIGUSR1 as `+1` and SIGUSR2 as `-1` into it).
+pub const ENV_RECONFIG_REQUEST: &str = "FMX_RECONFIG_REQUEST";
+
+/// Writes a request atomically (a reader never sees half of it).
+fn write_request(path: &std::path::Path, req: &str) -> std::io::Result<()> {
+    let tmp = path.with_extension("reconfig.tmp");
+    std::fs::write(&tmp, req)?;
+    std::fs::rename(&tmp, path)
+}
+
+/// One process of the job.
+struct Proc {
+    pid: Option<u32>,
+    generation: u32,
+    rank: u32,
+}
+
+/// Everything a running job owns.
+struct JobState {
+    job: String,
+    procs: Vec<Proc>,
+    /// Every job id handed out (worlds and bridges): their files go at the end.
+    jobs: Vec<String>,
+    forwarders: Vec<std::thread::JoinHandle<()>>,
+    captured: Option<Captured>,
+    generation: u32,
+    events: mpsc::Sender<Event>,
+    request_file: std::path::PathBuf,
+}
+
+impl JobState {
+    fn running(&self) -> usize {
+        self.procs.iter().filter(|p| p.pid.is_some()).count()
+    }
+
+    fn kill_all(&self, sig: rustix::process::Signal) {
+        for pid in self.procs.iter().filter_map(|p| p.pid) {
+            if let Some(p) = rustix::process::Pid::from_raw(pid as i32) {
+                let _ = rustix::process::kill_process_group(p, sig);
+                let _ = rustix::process::kill_process(p, sig);
+            }
+        }
+    }
+}
+
 fn exit_code(st: ExitStatus) -> i32 {
     use std::os::unix::process::ExitStatusExt;
     st.code().unwrap_or_else(|| 128 + st.signal().unwrap_or(0))
-}
-
-fn kill_all(pids: &[Option<u32>], sig: rustix::process::Signal) {
-    for pid in pids.iter().flatten() {
-        if let Some(p) = rustix::process::Pid::from_raw(*pid as i32) {
-            let _ = rustix::process::kill_process_group(p, sig);
-            let _ = rustix::process::kill_process(p, sig);
-        }
-    }
 }
 
 fn new_job_id() -> String {
@@ -269,7 +392,13 @@ fn new_job_id() -> String {
     format!("{}x{nanos}", std::process::id())
 }
 
-fn forward(stream: impl std::io::Read + Send + 'static, rank: u32, is_err: bool, capture: Option<Captured>) -> std::thread::JoinHandle<()> {
+fn forward(
+    stream: impl std::io::Read + Send + 'static,
+    rank: u32,
+    label: String,
+    is_err: bool,
+    capture: Option<Captured>,
+) -> std::thread::JoinHandle<()> {
     std::thread::spawn(move || {
         let mut r = BufReader::new(stream);
         let mut line = Vec::new();
@@ -284,7 +413,7 @@ fn forward(stream: impl std::io::Read + Send + 'static, rank: u32, is_err: bool,
                         continue;
                     }
                     let mut out = Vec::with_capacity(line.len() + 8);
-                    out.extend_from_slice(format!("[{rank}] ").as_bytes());
+                    out.extend_from_slice(label.as_bytes());
                     out.extend_from_slice(&line);
                     if !out.ends_with(b"\n") {
                         out.push(b'\n');
@@ -294,58 +423,6 @@ fn forward(stream: impl std::io::Read + Send + 'static, rank: u32, is_err: bool,
             }
         }
     })
-}
-
-/// Serves the bootstrap rounds in lock step; on any failure closes every
-/// connection, so that ranks waiting in a round get an error instead of hanging.
-fn serve(listener: &TcpListener, np: u32) {
-    let mut conns: Vec<Option<TcpStream>> = (0..np).map(|_| None).collect();
-    for _ in 0..np {
-        let Ok((mut s, _)) = listener.accept() else {
-            return;
-        };
-        let _ = s.set_nodelay(true);
-        let Ok((OP_HELLO, body)) = wire::read_frame(&mut s) else {
-            return;
-        };
-        let Some(rank) = body.get(..4).map(|b| u32::from_le_bytes(b.try_into().expect("4 bytes"))) else {
-            return;
-        };
-        let size = body.get(4..8).map(|b| u32::from_le_bytes(b.try_into().expect("4 bytes")));
-        if rank >= np || size != Some(np) || conns[rank as usize].is_some() {
-            return;
-        }
-        conns[rank as usize] = Some(s);
-    }
-    let mut conns: Vec<TcpStream> = conns.into_iter().flatten().collect();
-    if conns.iter_mut().any(|c| wire::write_frame(c, OP_HELLO, &[]).is_err()) {
-        return;
-    }
-    loop {
-        let mut op = None;
-        let mut blobs = Vec::with_capacity(np as usize);
-        for c in &mut conns {
-            match wire::read_frame(c) {
-                Ok((o, body)) if op.is_none_or(|p| p == o) => {
-                    op = Some(o);
-                    blobs.push(body);
-                }
-                _ => return, // a rank died or disagreed: dropping `conns` closes them all
-            }
-        }
-        let op = op.expect("np >= 1");
-        let reply = match op {
-            OP_ALLGATHER => wire::encode_blobs(&blobs),
-            OP_BARRIER | OP_FINALIZE => Vec::new(),
-            _ => return,
-        };
-        for c in &mut conns {
-            let _ = wire::write_frame(c, op, &reply);
-        }
-        if op == OP_FINALIZE {
-            return;
-        }
-    }
 }
 
 /// In a rank: die with the launcher (no orphans), and refuse to start if it is already gone.
