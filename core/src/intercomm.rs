@@ -202,9 +202,12 @@ impl Intercomm {
     /// Errors name the remote group, so a dead peer reads as "remote rank r".
     pub(crate) fn name_remote(&self, e: Error) -> Error {
         match e {
-            Error::PeerGone { rank, world_rank, during, reason } => {
-                Error::PeerGone { rank, world_rank, during: format!("{during} (over an intercommunicator; {rank} is a remote rank)"), reason }
-            }
+            Error::PeerGone { rank, world_rank, during, reason } => Error::PeerGone {
+                rank,
+                world_rank,
+                during: format!("{during} (over an intercommunicator; {rank} is a remote rank)"),
+                reason,
+            },
             e => e,
         }
     }
@@ -278,7 +281,10 @@ impl Comm {
         if let Some(&w) = remote.iter().find(|w| self.world_to_comm.get(**w as usize).is_some_and(|&r| r != crate::comm::NOT_MEMBER)) {
             return Err(Error::Intercomm {
                 op: OP,
-                detail: format!("process {w} is in both groups (local rank {}); the groups must be disjoint", self.world_to_comm[w as usize]),
+                detail: format!(
+                    "process {w} is in both groups (local rank {}); the groups must be disjoint",
+                    self.world_to_comm[w as usize]
+                ),
             });
         }
         let base = header[2].next_multiple_of(2);

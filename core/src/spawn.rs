@@ -99,5 +99,11 @@ fn connect_bridge(addr: &str, job: String, rank: u32, old: u32, new: u32, old_si
     crate::join::reallocate_credits(&all)?;
     let (old_group, new_group): (Vec<u32>, Vec<u32>) = ((0..old).collect(), (old..size).collect());
     let (local, remote) = if old_side { (old_group, new_group) } else { (new_group, old_group) };
-    Ok(Intercomm::from_groups(&all.sh, BRIDGE_CTX, local, remote, Some((Bridge { sh: all.sh.clone() }, if old_side { Side::Old } else { Side::New }))))
+    Ok(Intercomm::from_groups(
+        &all.sh,
+        BRIDGE_CTX,
+        local,
+        remote,
+        Some((Bridge { sh: all.sh.clone() }, if old_side { Side::Old } else { Side::New })),
+    ))
 }

@@ -47,7 +47,9 @@ fn assert_clean(o: &Outcome) {
     let shm = std::env::var("FMX_SHM_DIR").unwrap_or_else(|_| "/dev/shm".into());
     let prefix = format!("fmx-{}", o.job);
     let left: Vec<_> = std::fs::read_dir(shm)
-        .map(|d| d.filter_map(Result::ok).map(|e| e.file_name().to_string_lossy().into_owned()).filter(|n| n.starts_with(&prefix)).collect())
+        .map(|d| {
+            d.filter_map(Result::ok).map(|e| e.file_name().to_string_lossy().into_owned()).filter(|n| n.starts_with(&prefix)).collect()
+        })
         .unwrap_or_default();
     assert!(left.is_empty(), "files left: {left:?}");
     assert!(!std::env::temp_dir().join(format!("fmx-{}.reconfig", o.job)).exists(), "request file left");

@@ -22,7 +22,7 @@ mod serve;
 use serve::SpawnAsk;
 use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM, SIGUSR1, SIGUSR2};
 
-use crate::bootstrap::ENV_RENDEZVOUS;
+pub use crate::bootstrap::ENV_RENDEZVOUS;
 use crate::error::{Error, Result};
 
 /// Environment variable with the launcher's pid (ranks die with it).

@@ -94,18 +94,19 @@ pub fn send_blocks<T: Pod>(ic: &Intercomm, local: &[T], global_n: u64) -> Result
     }
     let plan = sends_of(me, old, new, global_n);
     let remote = ic.remote();
-    remote.scope(|s| {
-        let mut reqs = Vec::new();
-        for t in &plan {
-            let lo = to_index(t.range.start - mine.start, "offset")?;
-            let slice = &local[lo..lo + to_index(t.range.end - t.range.start, "length")?];
-            for p in pieces(slice.len(), std::mem::size_of::<T>()) {
-                reqs.push(s.isend_coll(&slice[p], t.to, tag::REDISTRIBUTE)?);
+    remote
+        .scope(|s| {
+            let mut reqs = Vec::new();
+            for t in &plan {
+                let lo = to_index(t.range.start - mine.start, "offset")?;
+                let slice = &local[lo..lo + to_index(t.range.end - t.range.start, "length")?];
+                for p in pieces(slice.len(), std::mem::size_of::<T>()) {
+                    reqs.push(s.isend_coll(&slice[p], t.to, tag::REDISTRIBUTE)?);
+                }
             }
-        }
-        s.wait_all(reqs).map(drop)
-    })
-    .map_err(|e| ic.name_remote(e))
+            s.wait_all(reqs).map(drop)
+        })
+        .map_err(|e| ic.name_remote(e))
 }
 
 /// New side: receives this rank's block (of the new world's block
@@ -117,27 +118,28 @@ pub fn recv_blocks<T: Pod>(ic: &Intercomm, global_n: u64) -> Result<Vec<T>> {
     let mut out: Vec<T> = bytemuck::allocation::zeroed_vec(to_index(mine.end - mine.start, "block length")?);
     let plan = receives_of(me, old, new, global_n);
     let remote = ic.remote();
-    let statuses = remote.scope(|s| {
-        let mut reqs = Vec::new();
-        let mut expect = Vec::new();
-        let mut rest = &mut out[..];
-        for t in &plan {
-            let len = to_index(t.range.end - t.range.start, "length")?;
-            let (slice, tail) = rest.split_at_mut(len);
-            rest = tail;
-            for p in pieces(len, std::mem::size_of::<T>()) {
-                expect.push((t.from, p.len()));
+    let statuses = remote
+        .scope(|s| {
+            let mut reqs = Vec::new();
+            let mut expect = Vec::new();
+            let mut rest = &mut out[..];
+            for t in &plan {
+                let len = to_index(t.range.end - t.range.start, "length")?;
+                let (slice, tail) = rest.split_at_mut(len);
+                rest = tail;
+                for p in pieces(len, std::mem::size_of::<T>()) {
+                    expect.push((t.from, p.len()));
+                }
+                let mut left = slice;
+                for p in pieces(len, std::mem::size_of::<T>()) {
+                    let (piece, tail) = left.split_at_mut(p.len());
+                    left = tail;
+                    reqs.push(s.irecv_coll(piece, t.from, tag::REDISTRIBUTE)?);
+                }
             }
-            let mut left = slice;
-            for p in pieces(len, std::mem::size_of::<T>()) {
-                let (piece, tail) = left.split_at_mut(p.len());
-                left = tail;
-                reqs.push(s.irecv_coll(piece, t.from, tag::REDISTRIBUTE)?);
-            }
-        }
-        Ok((s.wait_all(reqs)?, expect))
-    })
-    .map_err(|e| ic.name_remote(e))?;
+            Ok((s.wait_all(reqs)?, expect))
+        })
+        .map_err(|e| ic.name_remote(e))?;
     let (statuses, expect) = statuses;
     for (st, (from, len)) in statuses.iter().zip(expect) {
         if st.count != len {
@@ -166,7 +168,8 @@ pub fn redistribute_blocks<T: Pod>(ic: &Intercomm, local_block: &[T], global_n: 
         Some(Side::New) => recv_blocks(ic, global_n),
         None => Err(Error::Intercomm {
             op: "redistribute_blocks",
-            detail: "this intercommunicator joins two groups of one world and has no old and new side; use send_blocks and recv_blocks".into(),
+            detail: "this intercommunicator joins two groups of one world and has no old and new side; use send_blocks and recv_blocks"
+                .into(),
         }),
     }
 }

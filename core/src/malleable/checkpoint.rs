@@ -95,7 +95,11 @@ impl Generation {
             let from = block_range(t.from, old, global_n);
             let at = HEADER as u64 + (t.range.start - from.start) * elem as u64;
             let dst = &mut out[((t.range.start - mine.start) as usize * elem)..((t.range.end - mine.start) as usize * elem)];
-            f.read_exact_at(dst, at).map_err(io_err(format!("reading {} bytes at {at} of {} (is it truncated?)", dst.len(), path.display())))?;
+            f.read_exact_at(dst, at).map_err(io_err(format!(
+                "reading {} bytes at {at} of {} (is it truncated?)",
+                dst.len(),
+                path.display()
+            )))?;
         }
         Ok(())
     }

@@ -411,7 +411,8 @@ impl Inbox<'_> {
             Channel::Files(g) => {
                 let (me, new) = (self.world.rank(), self.world.size());
                 let r = block_range(me, new, global_n);
-                let len = usize::try_from(r.end - r.start).map_err(|_| Error::Reconfig(format!("a block of {} elements", r.end - r.start)))?;
+                let len =
+                    usize::try_from(r.end - r.start).map_err(|_| Error::Reconfig(format!("a block of {} elements", r.end - r.start)))?;
                 let mut out: Vec<T> = bytemuck::allocation::zeroed_vec(len);
                 g.read_block(name, me, new, self.old, global_n, std::mem::size_of::<T>(), bytemuck::cast_slice_mut(&mut out))?;
                 Ok(out)

@@ -63,12 +63,12 @@ impl Policy {
     pub(crate) fn decide(&self, at: &Moment, world: &Comm) -> Result<Option<u32>> {
         match self {
             Self::Never => Ok(None),
-            Self::Schedule { sizes, every } => {
-                Ok(sizes.get(at.generation as usize).copied().filter(|_| at.checks == (*every).max(1)))
-            }
+            Self::Schedule { sizes, every } => Ok(sizes.get(at.generation as usize).copied().filter(|_| at.checks == (*every).max(1))),
             Self::Step { step, min, max, every } => {
                 if *step == 0 || min > max || *min == 0 {
-                    return Err(Error::Reconfig(format!("Policy::Step needs step > 0 and 0 < min <= max (step {step}, min {min}, max {max})")));
+                    return Err(Error::Reconfig(format!(
+                        "Policy::Step needs step > 0 and 0 < min <= max (step {step}, min {min}, max {max})"
+                    )));
                 }
                 if at.checks != (*every).max(1) {
                     return Ok(None);
@@ -111,9 +111,9 @@ fn external(file: Option<&PathBuf>, size: u32, world: &Comm) -> Result<Option<u3
     world.bcast(&mut answer, 0)?;
     match answer[0] {
         0 => Ok(None),
-        u32::MAX => Err(problem.unwrap_or_else(|| {
-            Error::Reconfig(format!("rank 0 rejected the reconfiguration request in {}", path.display()))
-        })),
+        u32::MAX => {
+            Err(problem.unwrap_or_else(|| Error::Reconfig(format!("rank 0 rejected the reconfiguration request in {}", path.display()))))
+        }
         m => Ok(Some(m)),
     }
 }

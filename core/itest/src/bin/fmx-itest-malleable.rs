@@ -40,9 +40,19 @@ fn fresh(a: usize, rank: u32, size: u32, n: u64, iter: u64) -> Vec<u64> {
 
 fn verify(a: usize, block: &[u64], rank: u32, size: u32, n: u64, iter: u64) -> R {
     let r = block_range(rank, size, n);
-    check!(block.len() as u64 == r.end - r.start, "array {a} (n={n}): rank {rank} got {} elements, expected {}", block.len(), r.end - r.start);
+    check!(
+        block.len() as u64 == r.end - r.start,
+        "array {a} (n={n}): rank {rank} got {} elements, expected {}",
+        block.len(),
+        r.end - r.start
+    );
     if let Some(k) = r.clone().zip(block).position(|(i, &v)| v != value(a, i, iter)) {
-        return Err(format!("array {a} (n={n}): element {} is {} but should be {}", r.start + k as u64, block[k], value(a, r.start + k as u64, iter)));
+        return Err(format!(
+            "array {a} (n={n}): element {} is {} but should be {}",
+            r.start + k as u64,
+            block[k],
+            value(a, r.start + k as u64, iter)
+        ));
     }
     Ok(())
 }
@@ -67,7 +77,11 @@ fn walk() -> R {
         .start(|inbox| {
             let in_window = fmx::malleable::intercomm_available() == inbox.intercomm().is_some();
             let iter = inbox.value::<u64>("iter")?;
-            let arrays = sizes_for(size).iter().enumerate().map(|(a, &n)| inbox.blocks::<u64>(&format!("a{a}"), n)).collect::<fmx::Result<Vec<_>>>()?;
+            let arrays = sizes_for(size)
+                .iter()
+                .enumerate()
+                .map(|(a, &n)| inbox.blocks::<u64>(&format!("a{a}"), n))
+                .collect::<fmx::Result<Vec<_>>>()?;
             Ok((iter, arrays, in_window, inbox.old_size()))
         })
         .map_err(e2s)?;
