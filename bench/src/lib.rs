@@ -9,4 +9,5 @@ pub mod neighbor_compare;
 pub mod ofi_compare;
 pub mod osu;
 pub mod params;
+pub mod redistribute;
 pub mod report;

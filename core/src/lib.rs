@@ -46,6 +46,14 @@
 //! neighbourhood collectives, blocking, non-blocking (in a scope) and
 //! persistent ([`DistGraphComm::neighbor_alltoallv_plan`]).
 //!
+//! ## Intercommunicators and malleability
+//! [`Comm::intercomm_create`] joins two disjoint groups of a world;
+//! [`Fmx::spawn_world`] starts a new world through fmxrun and [`Fmx::parent`]
+//! reaches back from it, both giving an [`Intercomm`]. [`malleable`] builds
+//! DMR-style reconfiguration on them: the whole world is replaced by one of
+//! another size, its state carried over the intercommunicator or through
+//! checkpoint files.
+//!
 //! ## Cargo features
 //! `verbs`: the ibverbs transport (needs rdma-core's headers). The
 //! shared-memory transport is always built.

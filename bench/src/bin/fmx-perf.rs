@@ -6,7 +6,7 @@
 use std::process::ExitCode;
 
 use fmx_bench::params::{Params, Test};
-use fmx_bench::{compare, neighbor, neighbor_compare, ofi_compare, osu, report};
+use fmx_bench::{compare, neighbor, neighbor_compare, ofi_compare, osu, redistribute, report};
 
 const USAGE: &str = "usage:
   fmx-perf latency|bw|bibw [--min-size B] [--max-size B] [--iters N] [--warmup N] [--window N] [--json] [--plain] [--transport NAME]
@@ -125,6 +125,8 @@ fn main() -> ExitCode {
         Some("neighbor-compare") => Some(("neighbor-compare", |a| neighbor_compare::main(&a[1..]))),
         Some("ofi-compare") => Some(("ofi-compare", |a| ofi_compare::main(&a[1..]))),
         Some("neighbor") => Some(("neighbor", neighbor_main)),
+        Some("redistribute") => Some(("redistribute", |a| redistribute::main(&a[1..]))),
+        Some("redistribute-rank") => Some(("redistribute-rank", |a| redistribute::rank_main(&a[1..]))),
         _ => None,
     };
     if let Some((name, run)) = sub {

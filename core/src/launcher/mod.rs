@@ -9,6 +9,12 @@
 //! bounded time), then are killed. Ranks die with the launcher
 //! (`PR_SET_PDEATHSIG`), and the job's shared-memory files are removed at the
 //! end whatever happened.
+//!
+//! It is also the process manager of malleable jobs: a world's spawn round
+//! (`serve`) makes it start another world with its own rendezvous and a
+//! bridge rendezvous both worlds join; the job ends when the last process of
+//! the last world has exited. SIGUSR1/SIGUSR2 are relayed as reconfiguration
+//! requests (`+1`/`-1`) into the file named by [`ENV_RECONFIG_REQUEST`].
 
 use std::ffi::OsString;
 use std::io::{BufRead, BufReader, Write};

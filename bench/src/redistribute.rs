@@ -1,0 +1,204 @@
+//! `fmx-perf redistribute`: the DMR guide's block redistribution, timed. An
+//! old world of N ranks spawns M new ranks and moves a block-distributed
+//! array of `--n` doubles (default 8*10^7) over the intercommunicator; fmx
+//! with `fmx::malleable::send_blocks`/`recv_blocks`, the MPI peers with the
+//! guide's own C code (`peers/redistribute_peer.c`: `MPI_Comm_spawn`, then
+//! `MPI_Send`/`MPI_Recv`), in the same run. The time is from a barrier across
+//! both worlds to the next one, best and median of `--reps` rounds after a
+//! warm-up; every round's array is checked (outside the timed region).
+//! With `--update-readme FILE` the table replaces the block between
+//! `<!-- redistribute-table:begin -->` and `<!-- redistribute-table:end -->`.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Instant;
+
+use fmx::malleable::{block_range, recv_blocks, send_blocks};
+
+/// Best and median seconds of one configuration, or why there is none.
+type Timing = Result<(f64, f64), String>;
+
+fn pin(slot: u32) {
+    if let Some(cores) = core_affinity::get_core_ids() {
+        if !cores.is_empty() {
+            core_affinity::set_for_current(cores[slot as usize % cores.len()]);
+        }
+    }
+}
+
+/// One rank of either world (`fmx-perf redistribute-rank N_GLOBAL M REPS`, under fmxrun).
+pub fn rank_main(args: &[String]) -> Result<(), String> {
+    let num = |i: usize| args.get(i).and_then(|v| v.parse::<u64>().ok()).ok_or("usage: redistribute-rank N_GLOBAL M REPS");
+    let (n, m, reps) = (num(0)?, u32::try_from(num(1)?).map_err(|e| e.to_string())?, num(2)? as usize);
+    let fmx = fmx::init().map_err(|e| e.to_string())?;
+    let w = fmx.world();
+    let e2s = |e: fmx::Error| e.to_string();
+    let parent = fmx.parent().map_err(e2s)?;
+    let old = parent.is_none();
+    // Old ranks on the first cores, new ranks after them (wrapping around).
+    pin(if old { w.rank() } else { fmx.parent_size().unwrap_or(0) + w.rank() });
+    let local: Vec<f64> = if old { block_range(w.rank(), w.size(), n).map(|i| i as f64).collect() } else { Vec::new() };
+    let ic = match parent {
+        Some(ic) => ic,
+        None => fmx.spawn_world(m, "redistribute").map_err(e2s)?,
+    };
+    let mut times = Vec::new();
+    for _ in 0..=reps {
+        ic.barrier().map_err(e2s)?;
+        let t = Instant::now();
+        let got = if old {
+            send_blocks(&ic, &local, n).map_err(e2s)?;
+            Vec::new()
+        } else {
+            recv_blocks::<f64>(&ic, n).map_err(e2s)?
+        };
+        ic.barrier().map_err(e2s)?;
+        times.push(t.elapsed().as_secs_f64());
+        let r = block_range(w.rank(), w.size(), n);
+        if !old {
+            if let Some(k) = got.iter().zip(r.clone()).position(|(&v, i)| v != i as f64) {
+                return Err(format!("new rank {}: element {} is wrong", w.rank(), r.start + k as u64));
+            }
+        }
+    }
+    if old && w.rank() == 0 {
+        let mut t = times[1..].to_vec();
+        t.sort_by(f64::total_cmp);
+        println!("seconds {:.6} {:.6}", t[0], t[t.len() / 2]);
+    }
+    ic.free().map_err(e2s)?;
+    fmx.finalize().map_err(e2s)
+}
+
+fn seconds(text: &str) -> Timing {
+    let line = text.lines().find(|l| l.starts_with("seconds ")).ok_or_else(|| format!("no timing in {text:?}"))?;
+    let v: Vec<f64> = line.split_whitespace().skip(1).filter_map(|x| x.parse().ok()).collect();
+    match v[..] {
+        [best, median] => Ok((best, median)),
+        _ => Err(format!("bad timing line {line:?}")),
+    }
+}
+
+fn output(cmd: &mut Command) -> Result<String, String> {
+    let out = cmd.output().map_err(|e| format!("{cmd:?}: {e}"))?;
+    let err = String::from_utf8_lossy(&out.stderr);
+    if !out.status.success() {
+        // The last line of an MPI error stack says what failed.
+        let why = err.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or("no message").trim().to_string();
+        return Err(format!("exit {}: {why}", out.status.code().unwrap_or(-1)));
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+fn fmx_run(exe: &Path, old: u32, new: u32, n: u64, reps: usize) -> Timing {
+    let mut l = fmx::launcher::Launch::new(old, exe);
+    l.args = ["redistribute-rank".to_string(), n.to_string(), new.to_string(), reps.to_string()].into_iter().map(Into::into).collect();
+    l.capture = true;
+    l.timeout = Some(std::time::Duration::from_secs(600));
+    let o = l.run().map_err(|e| e.to_string())?;
+    let out: String = o.lines.iter().map(|(_, _, t)| format!("{t}\n")).collect();
+    if o.code != 0 {
+        return Err(format!("fmx ranks failed ({}): {out}", o.code));
+    }
+    seconds(&out)
+}
+
+fn build(mpicc: &str) -> Result<PathBuf, String> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("peers");
+    let out = dir.join("build").join(format!("redistribute_peer_{}", mpicc.trim_start_matches("mpicc.")));
+    std::fs::create_dir_all(dir.join("build")).map_err(|e| e.to_string())?;
+    output(Command::new(mpicc).args(["-O2", "-o"]).arg(&out).arg(dir.join("redistribute_peer.c")))?;
+    Ok(out)
+}
+
+fn peer(name: &str, old: u32, new: u32, n: u64, reps: usize) -> Timing {
+    let args = [n.to_string(), new.to_string(), reps.to_string()];
+    let np = old.to_string();
+    let text = if name == "MPICH" {
+        let bin = build("mpicc.mpich")?;
+        output(
+            Command::new("mpiexec.hydra")
+                .env("UCX_NET_DEVICES", "lo")
+                .args(["-iface", "lo", "-n", &np, "-bind-to", "core"])
+                .arg(bin)
+                .args(args),
+        )?
+    } else {
+        let bin = build("mpicc.openmpi")?;
+        output(
+            Command::new("mpirun.openmpi")
+                .args(["--allow-run-as-root", "--oversubscribe", "-n", &np, "--bind-to", "core:overload-allowed"])
+                // vader cannot reach a spawned job: tcp (on loopback) carries what it cannot.
+                .args(["--mca", "pml", "ob1", "--mca", "btl", "self,vader,tcp"])
+                .args(["--mca", "oob_tcp_if_include", "lo", "--mca", "btl_tcp_if_include", "lo"])
+                .arg(bin)
+                .args(args),
+        )?
+    };
+    seconds(&text)
+}
+
+/// Entry point of `fmx-perf redistribute`.
+pub fn main(args: &[String]) -> Result<(), String> {
+    let mut n: u64 = 80_000_000;
+    let mut pairs = vec![(2u32, 4u32), (4, 2)];
+    let mut reps = 3usize;
+    let mut readme = None;
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        match a.as_str() {
+            "--n" => n = it.next().and_then(|v| v.parse().ok()).ok_or("--n needs a number of doubles")?,
+            "--reps" => reps = it.next().and_then(|v| v.parse().ok()).filter(|&r| r >= 1).ok_or("--reps needs a number >= 1")?,
+            "--pairs" => {
+                let v = it.next().ok_or("--pairs needs a list like 2:4,4:2")?;
+                pairs = v
+                    .split(',')
+                    .map(|p| {
+                        let (a, b) = p.split_once(':').ok_or(format!("--pairs: {p:?} is not OLD:NEW"))?;
+                        let num = |s: &str| s.parse::<u32>().ok().filter(|&x| x >= 1).ok_or(format!("--pairs: bad size {s:?}"));
+                        Ok((num(a)?, num(b)?))
+                    })
+                    .collect::<Result<_, String>>()?;
+            }
+            "--update-readme" => readme = Some(it.next().ok_or("--update-readme needs a file")?.clone()),
+            other => return Err(format!("unknown option {other}")),
+        }
+    }
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let gb = n as f64 * 8.0 / 1e9;
+    let mut text = format!(
+        "{} doubles ({gb:.2} GB) per redistribution; best of {reps} rounds after a warm-up (median in brackets); \
+         GB/s = array bytes / best time.\n\n\
+         | old -> new | fmx (s) | fmx GB/s | Open MPI (s) | Open MPI GB/s | MPICH | Open MPI / fmx time |\n|---|---:|---:|---:|---:|---|---:|\n",
+        n
+    );
+    let mut failures = Vec::new();
+    for &(a, b) in &pairs {
+        let f = fmx_run(&exe, a, b, n, reps);
+        let o = peer("Open MPI", a, b, n, reps);
+        let m = peer("MPICH", a, b, n, reps);
+        let cell = |t: &Timing| t.as_ref().map_or("failed".to_string(), |(best, med)| format!("{best:.3} ({med:.3})"));
+        let rate = |t: &Timing| t.as_ref().map_or("–".to_string(), |(best, _)| format!("{:.2}", gb / best));
+        let mpich = match &m {
+            Ok((best, med)) => format!("{best:.3} s ({med:.3}), {:.2} GB/s", gb / best),
+            Err(e) => format!("failed: {}", e.replace('|', "/")),
+        };
+        let ratio = match (&f, &o) {
+            (Ok((fb, _)), Ok((ob, _))) => format!("{:.2}x", ob / fb),
+            _ => "–".into(),
+        };
+        text.push_str(&format!("| {a} -> {b} | {} | {} | {} | {} | {mpich} | {ratio} |\n", cell(&f), rate(&f), cell(&o), rate(&o)));
+        if let Err(e) = &f {
+            failures.push(format!("fmx {a}->{b}: {e}"));
+        }
+    }
+    text.push_str("\nAbove 1 means fmx moved the array faster than the MPI running the guide's C code.\n");
+    print!("{text}");
+    if !failures.is_empty() {
+        return Err(failures.join("; "));
+    }
+    if let Some(path) = readme {
+        crate::report::update_readme(&path, "redistribute-table", &text)?;
+    }
+    Ok(())
+}
