@@ -3,7 +3,10 @@
  * array of GLOBAL_N doubles over the intercommunicator with MPI_Send/MPI_Recv,
  * exactly as send_state/recv_state in the guide (the receiver mallocs its
  * block). Usage: mpiexec -n N redistribute_peer GLOBAL_N M REPS
- * Prints "seconds <best> <median>" from old rank 0. */
+ * Prints "seconds <best> <median>" from old rank 0.
+ * With a fifth argument "static" (mpiexec -n N+M ... static) the two worlds are
+ * the first N and last M ranks of one job, joined by MPI_Intercomm_create: for
+ * MPIs that cannot spawn (MPICH's ch4:ucx); the timed part is the same. */
 #include <mpi.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -34,17 +37,26 @@ int main(int argc, char **argv)
     }
     long global_n = atol(argv[1]);
     int m = atoi(argv[2]), reps = atoi(argv[3]);
-    int rank, size, other;
-    MPI_Comm parent, inter;
-    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-    MPI_Comm_size(MPI_COMM_WORLD, &size);
-    MPI_Comm_get_parent(&parent);
-    int old = parent == MPI_COMM_NULL;
-    if (old) {
-        MPI_Comm_spawn(argv[0], argv + 1, m, MPI_INFO_NULL, 0, MPI_COMM_WORLD, &inter, MPI_ERRCODES_IGNORE);
+    int rank, size, other, old;
+    MPI_Comm parent, inter, world = MPI_COMM_WORLD;
+    if (argc > 4 && strcmp(argv[4], "static") == 0) {
+        int wrank, wsize;
+        MPI_Comm_rank(MPI_COMM_WORLD, &wrank);
+        MPI_Comm_size(MPI_COMM_WORLD, &wsize);
+        int n_old = wsize - m;
+        old = wrank < n_old;
+        MPI_Comm_split(MPI_COMM_WORLD, old, wrank, &world);
+        MPI_Intercomm_create(world, 0, MPI_COMM_WORLD, old ? n_old : 0, 99, &inter);
     } else {
-        inter = parent;
+        MPI_Comm_get_parent(&parent);
+        old = parent == MPI_COMM_NULL;
+        if (old)
+            MPI_Comm_spawn(argv[0], argv + 1, m, MPI_INFO_NULL, 0, MPI_COMM_WORLD, &inter, MPI_ERRCODES_IGNORE);
+        else
+            inter = parent;
     }
+    MPI_Comm_rank(world, &rank);
+    MPI_Comm_size(world, &size);
     MPI_Comm_remote_size(inter, &other);
     long start, count;
     block_range(rank, size, global_n, &start, &count);
@@ -95,6 +107,8 @@ int main(int argc, char **argv)
     free(local);
     free(times);
     MPI_Comm_disconnect(&inter);
+    if (world != MPI_COMM_WORLD)
+        MPI_Comm_free(&world);
     MPI_Finalize();
     return 0;
 }
