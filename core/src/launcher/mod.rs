@@ -287,7 +287,15 @@ impl Launch {
         } else {
             None
         };
-        self.start_world(st, ask.np, &extra)?;
+        if let Err(e) = self.start_world(st, ask.np, &extra) {
+            // Half a world would wait for its missing ranks until the bootstrap timeout.
+            for p in st.procs.iter().filter(|p| p.generation == g) {
+                if let Some(pid) = p.pid.and_then(|pid| rustix::process::Pid::from_raw(pid as i32)) {
+                    let _ = rustix::process::kill_process_group(pid, rustix::process::Signal::KILL);
+                }
+            }
+            return Err(e);
+        }
         Ok(bridge)
     }
 

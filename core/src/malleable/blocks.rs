@@ -184,7 +184,7 @@ mod tests {
         assert_eq!(block_range(1, 3, 7), 3..5);
         assert_eq!(block_range(2, 3, 7), 5..7);
         assert_eq!(block_range(3, 4, 2), 2..2, "empty blocks when n < size");
-        let n = (1u64 << 40) + 5;
+        let n = (1u64 << 40) + 3; // 2^40 = 2 (mod 7): a remainder of 5
         assert_eq!(block_range(6, 7, n).end, n, "no overflow at 2^40");
         assert_eq!(block_range(0, 7, n).end - block_range(0, 7, n).start, n / 7 + 1);
     }

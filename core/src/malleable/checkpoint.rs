@@ -74,8 +74,18 @@ impl Generation {
 
     /// New rank `rank` of `size`: its block, read from the old ranks' files
     /// (`old` of them) that overlap it, straight into `out`.
-    pub(crate) fn read_block(&self, name: &str, rank: u32, size: u32, old: u32, global_n: u64, elem: usize, out: &mut [u8]) -> Result<()> {
+    pub(crate) fn read_block<T: bytemuck::Pod>(
+        &self,
+        name: &str,
+        rank: u32,
+        size: u32,
+        old: u32,
+        global_n: u64,
+        out: &mut [T],
+    ) -> Result<()> {
         check_name(name)?;
+        let elem = std::mem::size_of::<T>();
+        let out: &mut [u8] = bytemuck::cast_slice_mut(out);
         let mine = block_range(rank, size, global_n);
         for t in receives_of(rank, old, size, global_n) {
             let path = self.block_path(name, t.from, old);

@@ -414,7 +414,7 @@ impl Inbox<'_> {
                 let len =
                     usize::try_from(r.end - r.start).map_err(|_| Error::Reconfig(format!("a block of {} elements", r.end - r.start)))?;
                 let mut out: Vec<T> = bytemuck::allocation::zeroed_vec(len);
-                g.read_block(name, me, new, self.old, global_n, std::mem::size_of::<T>(), bytemuck::cast_slice_mut(&mut out))?;
+                g.read_block(name, me, new, self.old, global_n, &mut out)?;
                 Ok(out)
             }
         }

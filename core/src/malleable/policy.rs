@@ -65,18 +65,9 @@ impl Policy {
             Self::Never => Ok(None),
             Self::Schedule { sizes, every } => Ok(sizes.get(at.generation as usize).copied().filter(|_| at.checks == (*every).max(1))),
             Self::Step { step, min, max, every } => {
-                if *step == 0 || min > max || *min == 0 {
-                    return Err(Error::Reconfig(format!(
-                        "Policy::Step needs step > 0 and 0 < min <= max (step {step}, min {min}, max {max})"
-                    )));
-                }
-                if at.checks != (*every).max(1) {
-                    return Ok(None);
-                }
-                let growing = at.parent.is_none_or(|p| p <= at.size);
-                let up = at.size.checked_add(*step).filter(|s| s <= max);
-                let down = at.size.checked_sub(*step).filter(|s| s >= min);
-                Ok(if growing { up.or(down) } else { down.or(up) })
+                // Checked at every call, so a bad policy fails at once.
+                let next = step_size(*step, *min, *max, at)?;
+                Ok(next.filter(|_| at.checks == (*every).max(1)))
             }
             Self::External { file, every } => {
                 if at.checks % (*every).max(1) != 0 {
@@ -86,6 +77,18 @@ impl Policy {
             }
         }
     }
+}
+
+/// The step policy's next size (`None` when `min == max`).
+fn step_size(step: u32, min: u32, max: u32, at: &Moment) -> Result<Option<u32>> {
+    if step == 0 || min > max || min == 0 {
+        return Err(Error::Reconfig(format!("Policy::Step needs step > 0 and 0 < min <= max (step {step}, min {min}, max {max})")));
+    }
+    // A world that grew from its parent (or the first world) keeps growing.
+    let growing = at.parent.is_none_or(|p| p <= at.size);
+    let up = at.size.checked_add(step).filter(|s| *s <= max);
+    let down = at.size.checked_sub(step).filter(|s| *s >= min);
+    Ok(if growing { up.or(down) } else { down.or(up) })
 }
 
 /// Rank 0 takes the request and tells the others: 0 = none, u32::MAX = bad request.
@@ -139,5 +142,51 @@ fn take_request(path: &std::path::Path, size: u32) -> Result<Option<u32>> {
     match new {
         Some(m) if m > 0 && m < u32::MAX => Ok(Some(m)),
         _ => Err(Error::Reconfig(format!("request {t:?} in {} would leave a world of {size} with no ranks", path.display()))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(size: u32, parent: Option<u32>) -> Moment {
+        Moment { size, parent, generation: 0, checks: 1 }
+    }
+
+    #[test]
+    fn step_grows_to_max_then_shrinks_to_min() {
+        let next = |size, parent| step_size(2, 1, 5, &at(size, parent)).unwrap();
+        assert_eq!(next(1, None), Some(3));
+        assert_eq!(next(3, Some(1)), Some(5));
+        assert_eq!(next(5, Some(3)), Some(3), "at max it turns");
+        assert_eq!(next(3, Some(5)), Some(1));
+        assert_eq!(next(1, Some(3)), Some(3), "at min it turns");
+        assert_eq!(step_size(1, 4, 4, &at(4, None)).unwrap(), None, "min == max: nowhere to go");
+        for (step, min, max) in [(0, 1, 4), (1, 0, 4), (1, 5, 4)] {
+            let e = step_size(step, min, max, &at(2, None)).unwrap_err().to_string();
+            assert!(e.contains(&format!("step {step}, min {min}, max {max}")), "{e}");
+        }
+    }
+
+    #[test]
+    fn requests_are_sizes_or_changes_and_are_taken() {
+        let dir = std::env::temp_dir().join(format!("fmx-policy-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let f = dir.join("req");
+        let take = |text: &str, size| {
+            std::fs::write(&f, text).unwrap();
+            let r = take_request(&f, size);
+            assert!(!f.exists() && !f.with_extension("taken").exists(), "the request is consumed");
+            r
+        };
+        assert_eq!(take("4\n", 2).unwrap(), Some(4));
+        assert_eq!(take("+1", 2).unwrap(), Some(3));
+        assert_eq!(take("-2", 3).unwrap(), Some(1));
+        assert!(take("-3", 3).unwrap_err().to_string().contains("no ranks"));
+        assert!(take("0", 3).unwrap_err().to_string().contains("no ranks"));
+        let e = take("four", 3).unwrap_err().to_string();
+        assert!(e.contains("\"four\"") && e.contains("expected a size"), "{e}");
+        assert_eq!(take_request(&f, 3).unwrap(), None, "no file, no request");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }
