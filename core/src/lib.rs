@@ -237,7 +237,9 @@ impl Fmx {
 
     /// Asks the process manager to start a new world of `req.nprocs`
     /// processes (one caller, not collective). Hydra (PMI-1 and PMI-2) can;
-    /// fmxrun and Slurm's PMI-2 cannot (the error says so).
+    /// fmxrun and Slurm's PMI-2 cannot (the error says so). The new world is
+    /// not connected to this one; under fmxrun, [`Fmx::spawn_world`] starts a
+    /// world of this program with an intercommunicator to it.
     pub fn spawn(&self, req: &SpawnRequest) -> Result<()> {
         self.world.sh.check_live("spawn")?;
         if req.nprocs == 0 {

@@ -119,7 +119,11 @@ impl Bootstrap {
             Self::Pmi(c) => c.spawn(req),
             Self::Single => Err(Error::Launch("spawn: this process was started alone, with no process manager to ask".into())),
             Self::Fmxrun(_) => {
-                Err(Error::Launch("spawn: fmxrun cannot start new worlds yet; launch under Hydra (mpiexec) to spawn".into()))
+                Err(Error::Launch(
+                "spawn: under fmxrun a new world of this program comes from Fmx::spawn_world (connected by an intercommunicator); \
+                 Fmx::spawn (any program, PMI values) needs Hydra (mpiexec)"
+                    .into(),
+            ))
             }
         }
     }
