@@ -105,6 +105,25 @@ impl Intercomm {
         self.remote.size()
     }
 
+    /// The local group's members: their ranks in the world both groups share
+    /// (from [`Comm::intercomm_create`]), or in their own world (from a spawn:
+    /// `0..local_size`).
+    pub fn local_group(&self) -> Vec<u32> {
+        self.group(&self.local)
+    }
+
+    /// The remote group's members, numbered as in [`Intercomm::local_group`].
+    pub fn remote_group(&self) -> Vec<u32> {
+        self.group(&self.remote)
+    }
+
+    /// A bridge numbers the old world first, then the new one: each group is
+    /// a contiguous range, which its own world numbers from zero.
+    fn group(&self, c: &Comm) -> Vec<u32> {
+        let base = if self.bridge.is_some() { c.members.first().copied().unwrap_or(0) } else { 0 };
+        c.members.iter().map(|&m| m - base).collect()
+    }
+
     /// The local group as an intra-communicator (private to this intercommunicator).
     pub fn local_comm(&self) -> &Comm {
         &self.local
@@ -117,12 +136,12 @@ impl Intercomm {
 
     /// Blocking send to remote rank `dest`.
     pub fn send<T: Pod>(&self, buf: &[T], dest: u32, tag: i32) -> Result<()> {
-        self.remote.send(buf, dest, tag).map_err(|e| self.name_remote(e))
+        self.remote.send(buf, dest, tag).map_err(Self::name_remote)
     }
 
     /// Blocking receive from a remote rank; the status's source is a remote rank.
     pub fn recv<T: Pod>(&self, buf: &mut [T], src: impl Into<Source>, tag: impl Into<Tag>) -> Result<Status> {
-        self.remote.recv(buf, src, tag).map_err(|e| self.name_remote(e))
+        self.remote.recv(buf, src, tag).map_err(Self::name_remote)
     }
 
     /// Sends to one remote rank and receives from one at once.
@@ -135,7 +154,7 @@ impl Intercomm {
         src: impl Into<Source>,
         rtag: impl Into<Tag>,
     ) -> Result<Status> {
-        self.remote.sendrecv(sbuf, dest, stag, rbuf, src, rtag).map_err(|e| self.name_remote(e))
+        self.remote.sendrecv(sbuf, dest, stag, rbuf, src, rtag).map_err(Self::name_remote)
     }
 
     /// Status of the next matching message from the remote group, if one arrived.
@@ -145,7 +164,7 @@ impl Intercomm {
 
     /// A scope for non-blocking operations (`isend`/`irecv` address remote ranks).
     pub fn scope<'env, R>(&self, f: impl for<'s> FnOnce(&'s Scope<'s, 'env>) -> Result<R>) -> Result<R> {
-        self.remote.scope(f).map_err(|e| self.name_remote(e))
+        self.remote.scope(f).map_err(Self::name_remote)
     }
 
     /// Blocks until every process of both groups has entered.
@@ -200,7 +219,7 @@ impl Intercomm {
     }
 
     /// Errors name the remote group, so a dead peer reads as "remote rank r".
-    pub(crate) fn name_remote(&self, e: Error) -> Error {
+    pub(crate) fn name_remote(e: Error) -> Error {
         match e {
             Error::PeerGone { rank, world_rank, during, reason } => Error::PeerGone {
                 rank,

@@ -118,13 +118,11 @@ impl Bootstrap {
         match self {
             Self::Pmi(c) => c.spawn(req),
             Self::Single => Err(Error::Launch("spawn: this process was started alone, with no process manager to ask".into())),
-            Self::Fmxrun(_) => {
-                Err(Error::Launch(
+            Self::Fmxrun(_) => Err(Error::Launch(
                 "spawn: under fmxrun a new world of this program comes from Fmx::spawn_world (connected by an intercommunicator); \
                  Fmx::spawn (any program, PMI values) needs Hydra (mpiexec)"
                     .into(),
-            ))
-            }
+            )),
         }
     }
 

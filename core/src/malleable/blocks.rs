@@ -106,7 +106,7 @@ pub fn send_blocks<T: Pod>(ic: &Intercomm, local: &[T], global_n: u64) -> Result
             }
             s.wait_all(reqs).map(drop)
         })
-        .map_err(|e| ic.name_remote(e))
+        .map_err(Intercomm::name_remote)
 }
 
 /// New side: receives this rank's block (of the new world's block
@@ -139,7 +139,7 @@ pub fn recv_blocks<T: Pod>(ic: &Intercomm, global_n: u64) -> Result<Vec<T>> {
             }
             Ok((s.wait_all(reqs)?, expect))
         })
-        .map_err(|e| ic.name_remote(e))?;
+        .map_err(Intercomm::name_remote)?;
     let (statuses, expect) = statuses;
     for (st, (from, len)) in statuses.iter().zip(expect) {
         if st.count != len {

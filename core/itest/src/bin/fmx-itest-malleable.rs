@@ -175,6 +175,9 @@ fn intercomm() -> R {
     let (mine, theirs) = if me % 2 == 0 { (evens, odds) } else { (odds, evens) };
     check!(ic.local_size() == mine && ic.remote_size() == theirs, "sizes {} {}", ic.local_size(), ic.remote_size());
     check!(ic.rank() == half.rank(), "rank");
+    let (evens_g, odds_g): (Vec<u32>, Vec<u32>) = (0..n).partition(|r| r % 2 == 0);
+    let (mine_g, theirs_g) = if me % 2 == 0 { (&evens_g, &odds_g) } else { (&odds_g, &evens_g) };
+    check!(ic.local_group() == *mine_g && ic.remote_group() == *theirs_g, "groups {:?} {:?}", ic.local_group(), ic.remote_group());
     // Every local rank sends its rank to every remote rank; statuses name remote ranks.
     let sends: Vec<_> = (0..theirs).map(|d| [ic.rank() * 100 + d]).collect();
     let mut got = vec![[0u32]; theirs as usize];
@@ -254,6 +257,10 @@ fn spawn() -> R {
             ic
         }
     };
+    check!(
+        ic.local_group() == (0..w.size()).collect::<Vec<_>>() && ic.remote_group() == (0..ic.remote_size()).collect::<Vec<_>>(),
+        "groups"
+    );
     exchange(&ic, 3)?;
     ic.barrier().map_err(e2s)?;
     let merged = ic.merge(ic.side() == Some(fmx::Side::New)).map_err(e2s)?;
