@@ -15,7 +15,34 @@
 //! The window is enforced by types: the leaving side gets an [`Outbox`] only
 //! inside [`Departure::leave`], after the spawn, and the spawned side gets an
 //! [`Inbox`] only inside [`Malleable::start`], before the intercommunicator
-//! is freed; neither can outlive its closure.
+//! is freed; neither can outlive its closure. Keeping the intercommunicator
+//! for later does not compile:
+//!
+//! ```compile_fail,E0521
+//! # fn main() -> fmx::Result<()> {
+//! let mut m = fmx::malleable::Malleable::init(fmx::malleable::Mode::Intercomm)?;
+//! let mut kept = None;
+//! m.start(|inbox| {
+//!     kept = inbox.intercomm(); // error: borrowed data escapes the closure
+//!     Ok(())
+//! })?;
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! while using it inside does:
+//!
+//! ```no_run
+//! # fn main() -> fmx::Result<()> {
+//! let mut m = fmx::malleable::Malleable::init(fmx::malleable::Mode::Intercomm)?;
+//! let mut old_size = None;
+//! m.start(|inbox| {
+//!     old_size = inbox.intercomm().map(fmx::Intercomm::remote_size);
+//!     Ok(())
+//! })?;
+//! # Ok(())
+//! # }
+//! ```
 //!
 //! ```no_run
 //! use fmx::malleable::{Malleable, Mode, Policy};
