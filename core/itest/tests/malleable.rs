@@ -113,7 +113,10 @@ fn a_rank_dying_during_redistribution_fails_the_job() {
     // World 1 (4 ranks) moves to 2; its rank 2 exits before sending the large array.
     let env = [("FMX_ITEST_SIZES", "4,2".to_string()), ("FMX_ITEST_DIE", "1:2".to_string())];
     let o = launch(3, "walk", &env);
-    assert_eq!(o.code, 3, "the dead rank's exit code is the job's:\n{}", dump(&o));
+    // Usually the dead rank's code 3; under load a peer's own failure (code 1)
+    // may reach fmxrun first.
+    assert!(o.code == 3 || o.code == 1, "the job fails:\n{}", dump(&o));
+    assert!(o.lines.iter().any(|(_, e, l)| *e && l.contains("dying on purpose")), "{}", dump(&o));
     assert_eq!(lines(&o, "OK").count(), 0, "nobody may finish:\n{}", dump(&o));
     assert_eq!(world_sizes(&o), [3, 4, 2], "{}", dump(&o));
     // The new world noticed by itself (within the grace period), not by being killed.

@@ -203,6 +203,19 @@ fn intercomm() -> R {
         check!(st.source == 0 && st.tag == 9 && any[0] == remote_leader, "leader swap {st:?} {any:?}");
     }
     ic.barrier().map_err(e2s)?;
+    // Evens' blocks of 1001 elements to the odds, with the directionless API.
+    let total = 1001;
+    if me % 2 == 0 {
+        let block: Vec<u64> = block_range(ic.rank(), ic.local_size(), total).map(|i| i * 3).collect();
+        fmx::malleable::send_blocks(&ic, &block, total).map_err(e2s)?;
+    } else {
+        let got = fmx::malleable::recv_blocks::<u64>(&ic, total).map_err(e2s)?;
+        check!(got.iter().copied().eq(block_range(ic.rank(), ic.local_size(), total).map(|i| i * 3)), "recv_blocks content");
+    }
+    match fmx::malleable::redistribute_blocks::<u64>(&ic, &[], total) {
+        Err(fmx::Error::Intercomm { detail, .. }) if detail.contains("send_blocks and recv_blocks") => {}
+        other => return Err(format!("redistribute_blocks without a direction gave {other:?}")),
+    }
     // Bad remote rank: a clear error, not a hang.
     match ic.send(&[1u8], theirs, 0) {
         Err(fmx::Error::InvalidRank { rank, size, .. }) if rank == i64::from(theirs) && size == theirs => {}
@@ -262,13 +275,24 @@ fn spawn() -> R {
         "groups"
     );
     exchange(&ic, 3)?;
+    // 7 elements from 2 old ranks to 3 new ones (4+3 -> 3+2+2).
+    let old = ic.side() == Some(fmx::Side::Old);
+    let block: Vec<u32> = if old { block_range(w.rank(), 2, 7).map(|i| i as u32 + 10).collect() } else { Vec::new() };
+    let got = fmx::malleable::redistribute_blocks(&ic, &block, 7).map_err(e2s)?;
+    let want: Vec<u32> = if old { Vec::new() } else { block_range(w.rank(), 3, 7).map(|i| i as u32 + 10).collect() };
+    check!(got == want, "redistribute_blocks gave {got:?}, expected {want:?}");
+    if !old {
+        match fmx::malleable::redistribute_blocks(&ic, &[1u32], 7) {
+            Err(fmx::Error::Reconfig(e)) if e.contains("must pass an empty slice") => {}
+            other => return Err(format!("a new rank passing data gave {other:?}")),
+        }
+    }
     ic.barrier().map_err(e2s)?;
     let merged = ic.merge(ic.side() == Some(fmx::Side::New)).map_err(e2s)?;
     check!(merged.size() == 5, "merged size");
     let mut sum = [0u32];
     merged.allreduce(&[merged.rank()], &mut sum, fmx::Op::Sum).map_err(e2s)?;
     check!(sum[0] == 10, "merged allreduce {sum:?}");
-    let old = ic.side() == Some(fmx::Side::Old);
     drop(merged);
     ic.free().map_err(e2s)?;
     check!(w.allreduce(&[1u32], &mut sum, fmx::Op::Sum).is_ok() && sum[0] == w.size(), "world after free");
