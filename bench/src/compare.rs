@@ -9,7 +9,7 @@
 //! `<!-- perf-table:begin -->` and `<!-- perf-table:end -->`.
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Command;
 
 use crate::report::{parse_osu, Row};
@@ -36,24 +36,8 @@ const PEERS: &[Peer] = &[
     },
 ];
 
-fn run(cmd: &mut Command) -> Result<String, String> {
-    let out = cmd.output().map_err(|e| format!("{cmd:?}: {e}"))?;
-    if !out.status.success() {
-        return Err(format!("{cmd:?} failed ({}): {}", out.status, String::from_utf8_lossy(&out.stderr)));
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-}
-
-fn source_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("peers")
-}
-
 fn build_peer(p: &Peer) -> Result<PathBuf, String> {
-    let dir = source_dir();
-    let out = dir.join("build").join(format!("osu_peer_{}", p.mpicc.trim_start_matches("mpicc.")));
-    std::fs::create_dir_all(dir.join("build")).map_err(|e| e.to_string())?;
-    run(Command::new(p.mpicc).args(["-O2", "-Wno-stringop-overflow", "-o"]).arg(&out).arg(dir.join("osu_peer.c")))?;
-    Ok(out)
+    crate::peers::build(p.mpicc, "osu_peer", &["-Wno-stringop-overflow"])
 }
 
 type Table = BTreeMap<(&'static str, usize), Vec<(String, f64)>>;
@@ -86,7 +70,7 @@ pub fn main(args: &[String]) -> Result<(), String> {
     let mut table = Table::new();
     let mut names = vec!["fmx".to_owned()];
     for test in ["latency", "bw"] {
-        let out = run(Command::new(&exe).args([test, "--max-size", &max.to_string()]))?;
+        let out = crate::peers::run(Command::new(&exe).args([test, "--max-size", &max.to_string()]))?;
         record(&mut table, test, "fmx", &parse_osu(&out), &sizes);
     }
     if peers {
@@ -94,7 +78,7 @@ pub fn main(args: &[String]) -> Result<(), String> {
             let bin = build_peer(p)?;
             for test in ["latency", "bw"] {
                 let (prog, rest) = p.launcher.split_first().expect("launcher");
-                let out = run(Command::new(prog).args(rest).args(p.extra).arg(&bin).args([test, &max.to_string()]))?;
+                let out = crate::peers::run(Command::new(prog).args(rest).args(p.extra).arg(&bin).args([test, &max.to_string()]))?;
                 record(&mut table, test, p.name, &parse_osu(&out), &sizes);
             }
             names.push(p.name.to_owned());

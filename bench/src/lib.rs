@@ -9,5 +9,6 @@ pub mod neighbor_compare;
 pub mod ofi_compare;
 pub mod osu;
 pub mod params;
+pub mod peers;
 pub mod redistribute;
 pub mod report;

@@ -3,18 +3,9 @@
 //! run; with `--update-readme FILE` the table replaces the block between
 //! `<!-- neighbor-table:begin -->` and `<!-- neighbor-table:end -->`.
 
-use std::path::Path;
 use std::process::Command;
 
 use crate::neighbor::{parse, NeighborRow, KS};
-
-fn run(cmd: &mut Command) -> Result<String, String> {
-    let out = cmd.output().map_err(|e| format!("{cmd:?}: {e}"))?;
-    if !out.status.success() {
-        return Err(format!("{cmd:?} failed ({}): {}", out.status, String::from_utf8_lossy(&out.stderr)));
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-}
 
 /// `k us` rows of a peer.
 fn parse_peer(text: &str) -> Vec<(usize, f64)> {
@@ -28,11 +19,7 @@ fn parse_peer(text: &str) -> Vec<(usize, f64)> {
 }
 
 fn build(mpicc: &str) -> Result<std::path::PathBuf, String> {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("peers");
-    let out = dir.join("build").join(format!("neighbor_peer_{}", mpicc.trim_start_matches("mpicc.")));
-    std::fs::create_dir_all(dir.join("build")).map_err(|e| e.to_string())?;
-    run(Command::new(mpicc).args(["-O2", "-o"]).arg(&out).arg(dir.join("neighbor_peer.c")))?;
-    Ok(out)
+    crate::peers::build(mpicc, "neighbor_peer", &[])
 }
 
 fn peer(name: &str, n: u32, ks: &str) -> Result<Vec<(usize, f64)>, String> {
@@ -40,18 +27,22 @@ fn peer(name: &str, n: u32, ks: &str) -> Result<Vec<(usize, f64)>, String> {
     let out = if name == "MPICH" {
         let bin = build("mpicc.mpich")?;
         // Hydra would pick the outside interface; UCX (MPICH's ch4 device) too.
-        run(Command::new("mpiexec.hydra")
-            .env("UCX_NET_DEVICES", "lo")
-            .args(["-iface", "lo", "-n", &np, "-bind-to", "core"])
-            .arg(bin)
-            .arg(ks))?
+        crate::peers::run(
+            Command::new("mpiexec.hydra")
+                .env("UCX_NET_DEVICES", "lo")
+                .args(["-iface", "lo", "-n", &np, "-bind-to", "core"])
+                .arg(bin)
+                .arg(ks),
+        )?
     } else {
         let bin = build("mpicc.openmpi")?;
-        run(Command::new("mpirun.openmpi")
-            .args(["--allow-run-as-root", "--oversubscribe", "-n", &np, "--bind-to", "core:overload-allowed"])
-            .args(crate::compare::OMPI_SHM_LO)
-            .arg(bin)
-            .arg(ks))?
+        crate::peers::run(
+            Command::new("mpirun.openmpi")
+                .args(["--allow-run-as-root", "--oversubscribe", "-n", &np, "--bind-to", "core:overload-allowed"])
+                .args(crate::compare::OMPI_SHM_LO)
+                .arg(bin)
+                .arg(ks),
+        )?
     };
     Ok(parse_peer(&out))
 }
@@ -80,7 +71,8 @@ pub fn main(args: &[String]) -> Result<(), String> {
         "| ranks | k | fmx persistent (us) | fmx neighbor_alltoallv (us) | MPICH (us) | Open MPI (us) | best peer / fmx persistent |\n|---:|---:|---:|---:|---:|---:|---:|\n",
     );
     for &n in &ranks {
-        let fmx: Vec<NeighborRow> = parse(&run(Command::new(&exe).args(["neighbor", "--np", &n.to_string(), "--ks", &ks_arg]))?);
+        let fmx: Vec<NeighborRow> =
+            parse(&crate::peers::run(Command::new(&exe).args(["neighbor", "--np", &n.to_string(), "--ks", &ks_arg]))?);
         let mpich = peer("MPICH", n, &ks_arg)?;
         let ompi = peer("Open MPI", n, &ks_arg)?;
         for r in &fmx {

@@ -57,19 +57,6 @@ fn parse(args: &[String]) -> Result<Options, String> {
     Ok(o)
 }
 
-fn output(cmd: &mut Command) -> Result<String, String> {
-    let out = cmd.output().map_err(|e| format!("{cmd:?}: {e}"))?;
-    if !out.status.success() {
-        return Err(format!(
-            "{cmd:?} failed ({}): {}{}",
-            out.status,
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        ));
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-}
-
 /// fmx-perf's OSU figure for one size over the ofi transport.
 fn fmx(o: &Options, test: &str, size: usize) -> Result<f64, String> {
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
@@ -83,7 +70,7 @@ fn fmx(o: &Options, test: &str, size: usize) -> Result<f64, String> {
         Some(d) => cmd.env("FMX_OFI_DOMAIN", d),
         None => cmd.env_remove("FMX_OFI_DOMAIN"),
     };
-    let out = output(&mut cmd)?;
+    let out = crate::peers::run(&mut cmd)?;
     parse_osu(&out)
         .iter()
         .find(|r| r.size == size)
@@ -129,7 +116,7 @@ fn pingpong_once(o: &Options, size: usize, iters: usize) -> Result<f64, String> 
     };
     let mut server = side(1).stdout(Stdio::null()).stderr(Stdio::piped()).spawn().map_err(|e| format!("fi_pingpong server: {e}"))?;
     std::thread::sleep(Duration::from_secs(1));
-    let client = output(side(0).arg(&o.server));
+    let client = crate::peers::run(side(0).arg(&o.server));
     let _ = server.kill();
     let server_err = server.wait_with_output().map(|o| String::from_utf8_lossy(&o.stderr).into_owned()).unwrap_or_default();
     let client = client.map_err(|e| format!("{e}\nfi_pingpong server said: {server_err}"))?;
@@ -150,7 +137,7 @@ fn median(v: &mut [f64]) -> f64 {
 
 /// "fi_info: 1.17.0\nlibfabric: 1.17.0\n..." -> "1.17.0".
 fn libfabric_version() -> String {
-    let out = output(Command::new("fi_info").arg("--version")).unwrap_or_default();
+    let out = crate::peers::run(Command::new("fi_info").arg("--version")).unwrap_or_default();
     out.lines().find_map(|l| l.strip_prefix("libfabric:")).unwrap_or("?").trim().to_owned()
 }
 

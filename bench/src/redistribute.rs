@@ -9,7 +9,7 @@
 //! With `--update-readme FILE` the table replaces the block between
 //! `<!-- redistribute-table:begin -->` and `<!-- redistribute-table:end -->`.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::time::Instant;
 
@@ -17,14 +17,6 @@ use fmx::malleable::{block_range, recv_blocks, send_blocks};
 
 /// Best and median seconds of one configuration, or why there is none.
 type Timing = Result<(f64, f64), String>;
-
-fn pin(slot: u32) {
-    if let Some(cores) = core_affinity::get_core_ids() {
-        if !cores.is_empty() {
-            core_affinity::set_for_current(cores[slot as usize % cores.len()]);
-        }
-    }
-}
 
 /// One rank of either world (`fmx-perf redistribute-rank N_GLOBAL M REPS`, under fmxrun).
 pub fn rank_main(args: &[String]) -> Result<(), String> {
@@ -36,7 +28,7 @@ pub fn rank_main(args: &[String]) -> Result<(), String> {
     let parent = fmx.parent().map_err(e2s)?;
     let old = parent.is_none();
     // Old ranks on the first cores, new ranks after them (wrapping around).
-    pin(if old { w.rank() } else { fmx.parent_size().unwrap_or(0) + w.rank() });
+    crate::peers::pin(if old { w.rank() } else { fmx.parent_size().unwrap_or(0) + w.rank() });
     let local: Vec<f64> = if old { block_range(w.rank(), w.size(), n).map(|i| i as f64).collect() } else { Vec::new() };
     let ic = match parent {
         Some(ic) => ic,
@@ -79,15 +71,10 @@ fn seconds(text: &str) -> Timing {
     }
 }
 
+/// A peer's stdout; on failure the last line of its output (an MPI error
+/// stack ends with what failed), for the table.
 fn output(cmd: &mut Command) -> Result<String, String> {
-    let out = cmd.output().map_err(|e| format!("{cmd:?}: {e}"))?;
-    let err = String::from_utf8_lossy(&out.stderr);
-    if !out.status.success() {
-        // The last line of an MPI error stack says what failed.
-        let why = err.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or("no message").trim().to_string();
-        return Err(format!("exit {}: {why}", out.status.code().unwrap_or(-1)));
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    crate::peers::run(cmd).map_err(|e| e.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or("no message").trim().to_string())
 }
 
 fn fmx_run(exe: &Path, old: u32, new: u32, n: u64, reps: usize) -> Timing {
@@ -103,21 +90,13 @@ fn fmx_run(exe: &Path, old: u32, new: u32, n: u64, reps: usize) -> Timing {
     seconds(&out)
 }
 
-fn build(mpicc: &str) -> Result<PathBuf, String> {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("peers");
-    let out = dir.join("build").join(format!("redistribute_peer_{}", mpicc.trim_start_matches("mpicc.")));
-    std::fs::create_dir_all(dir.join("build")).map_err(|e| e.to_string())?;
-    output(Command::new(mpicc).args(["-O2", "-o"]).arg(&out).arg(dir.join("redistribute_peer.c")))?;
-    Ok(out)
-}
-
 /// MPICH: the guide's code with `MPI_Comm_spawn`; where that fails (ch4:ucx
 /// has no dynamic processes) the same code over an intercommunicator from
 /// `MPI_Intercomm_create` between the two halves of one N+M job. The
 /// second value is the spawn's error, if it failed.
 fn mpich(old: u32, new: u32, n: u64, reps: usize) -> (Timing, Option<String>) {
     let run = |np: u32, extra: &[&str]| -> Timing {
-        let bin = build("mpicc.mpich")?;
+        let bin = crate::peers::build("mpicc.mpich", "redistribute_peer", &[])?;
         let text = output(
             Command::new("mpiexec.hydra")
                 .env("UCX_NET_DEVICES", "lo")
@@ -136,7 +115,7 @@ fn mpich(old: u32, new: u32, n: u64, reps: usize) -> (Timing, Option<String>) {
 
 /// Open MPI: the guide's code with `MPI_Comm_spawn`.
 fn open_mpi(old: u32, new: u32, n: u64, reps: usize) -> Timing {
-    let bin = build("mpicc.openmpi")?;
+    let bin = crate::peers::build("mpicc.openmpi", "redistribute_peer", &[])?;
     let text = output(
         Command::new("mpirun.openmpi")
             .args(["--allow-run-as-root", "--oversubscribe", "-n", &old.to_string(), "--bind-to", "core:overload-allowed"])

@@ -76,7 +76,7 @@ impl Fmx {
     /// How many reconfigurations happened before this world started (0 for
     /// the first world; a world spawned by world `k` has `k + 1`).
     pub fn reconfig_count(&self) -> u32 {
-        env_u32("FMX_RECONFIG_COUNT").ok().flatten().unwrap_or(0)
+        reconfig_count()
     }
 
     /// Size of the world that spawned this one (`None` for the first world).
@@ -88,6 +88,11 @@ impl Fmx {
     pub fn spawn_values(&self) -> String {
         std::env::var("FMX_SPAWN_VALUES").unwrap_or_default()
     }
+}
+
+/// Reconfigurations before this process's world started (fmxrun says; 0 otherwise).
+pub(crate) fn reconfig_count() -> u32 {
+    env_u32("FMX_RECONFIG_COUNT").ok().flatten().unwrap_or(0)
 }
 
 /// Joins the bridge of `old + new` processes as `rank` and makes the intercommunicator.

@@ -6,6 +6,7 @@
 use std::process::ExitCode;
 
 use fmx_bench::params::{Params, Test};
+use fmx_bench::peers::pin;
 use fmx_bench::{compare, neighbor, neighbor_compare, ofi_compare, osu, redistribute, report};
 
 const USAGE: &str = "usage:
@@ -48,14 +49,6 @@ fn parse(args: &[String]) -> Result<(Params, Option<String>), String> {
         return Err(format!("--min-size {} is above --max-size {}", p.min_size, p.max_size));
     }
     Ok((p, transport))
-}
-
-fn pin(rank: u32) {
-    if let Some(cores) = core_affinity::get_core_ids() {
-        if !cores.is_empty() {
-            core_affinity::set_for_current(cores[rank as usize % cores.len()]);
-        }
-    }
 }
 
 fn run_rank(p: &Params) -> Result<(), String> {

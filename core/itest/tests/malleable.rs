@@ -6,6 +6,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use fmx::launcher::{Launch, Outcome};
+use fmx_itest::dump;
 
 fn launch(np: u32, scenario: &str, env: &[(&str, String)]) -> Outcome {
     let mut l = Launch::new(np, env!("CARGO_BIN_EXE_fmx-itest-malleable"));
@@ -18,10 +19,6 @@ fn launch(np: u32, scenario: &str, env: &[(&str, String)]) -> Outcome {
     let o = l.run().expect("launch");
     assert!(!o.timed_out, "{scenario} timed out:\n{}", dump(&o));
     o
-}
-
-fn dump(o: &Outcome) -> String {
-    o.lines.iter().map(|(r, e, l)| format!("[{r}{}] {l}\n", if *e { " err" } else { "" })).collect()
 }
 
 fn lines<'a>(o: &'a Outcome, prefix: &'a str) -> impl Iterator<Item = &'a str> {

@@ -1,5 +1,7 @@
 //! Multi-process tests: each launches the rank program under the fmx launcher.
 
+use fmx_itest::dump;
+
 use std::time::Duration;
 
 fn launch(np: u32, scenario: &str) -> (fmx::launcher::Outcome, Duration) {
@@ -43,10 +45,6 @@ fn transport() -> Option<String> {
 fn scaled(n: u64) -> String {
     let div = std::env::var("FMX_ITEST_SCALE").ok().and_then(|v| v.parse::<u64>().ok()).unwrap_or(1).max(1);
     (n / div).max(1).to_string()
-}
-
-fn dump(o: &fmx::launcher::Outcome) -> String {
-    o.lines.iter().map(|(r, e, l)| format!("[{r}{}] {l}\n", if *e { " err" } else { "" })).collect()
 }
 
 /// Runs `scenario` on `np` ranks and requires every rank to report OK.

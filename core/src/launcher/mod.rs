@@ -289,11 +289,7 @@ impl Launch {
         };
         if let Err(e) = self.start_world(st, ask.np, &extra) {
             // Half a world would wait for its missing ranks until the bootstrap timeout.
-            for p in st.procs.iter().filter(|p| p.generation == g) {
-                if let Some(pid) = p.pid.and_then(|pid| rustix::process::Pid::from_raw(pid as i32)) {
-                    let _ = rustix::process::kill_process_group(pid, rustix::process::Signal::KILL);
-                }
-            }
+            st.kill(rustix::process::Signal::KILL, |p| p.generation == g);
             return Err(e);
         }
         Ok(bridge)
@@ -387,7 +383,11 @@ impl JobState {
     }
 
     fn kill_all(&self, sig: rustix::process::Signal) {
-        for pid in self.procs.iter().filter_map(|p| p.pid) {
+        self.kill(sig, |_| true);
+    }
+
+    fn kill(&self, sig: rustix::process::Signal, which: impl Fn(&Proc) -> bool) {
+        for pid in self.procs.iter().filter(|p| which(p)).filter_map(|p| p.pid) {
             if let Some(p) = rustix::process::Pid::from_raw(pid as i32) {
                 let _ = rustix::process::kill_process_group(p, sig);
                 let _ = rustix::process::kill_process(p, sig);

@@ -67,6 +67,20 @@ pub fn receives_of(to: u32, old_size: u32, new_size: u32, global_n: u64) -> Vec<
     overlap_plan(old_size, new_size, global_n).into_iter().filter(|t| t.to == to).collect()
 }
 
+/// `rank`'s block of `global_n`, if `len` elements are what it should hold.
+pub(crate) fn check_block(rank: u32, size: u32, len: usize, global_n: u64) -> Result<Range<u64>> {
+    let r = block_range(rank, size, global_n);
+    if len as u64 != r.end - r.start {
+        return Err(Error::Reconfig(format!(
+            "old rank {rank} of {size} holds {len} elements, but its block of {global_n} is {} elements ({}..{})",
+            r.end - r.start,
+            r.start,
+            r.end
+        )));
+    }
+    Ok(r)
+}
+
 /// Element pieces of at most [`PIECE_BYTES`] covering `0..len`.
 fn pieces(len: usize, elem: usize) -> impl Iterator<Item = Range<usize>> {
     let step = (PIECE_BYTES as usize / elem.max(1)).max(1);
@@ -82,16 +96,7 @@ fn to_index(v: u64, what: &str) -> Result<usize> {
 /// from `local` (large pieces go by rendezvous, without a copy).
 pub fn send_blocks<T: Pod>(ic: &Intercomm, local: &[T], global_n: u64) -> Result<()> {
     let (me, old, new) = (ic.rank(), ic.local_size(), ic.remote_size());
-    let mine = block_range(me, old, global_n);
-    if local.len() as u64 != mine.end - mine.start {
-        return Err(Error::Reconfig(format!(
-            "old rank {me} of {old} holds {} elements, but its block of {global_n} is {} elements ({}..{})",
-            local.len(),
-            mine.end - mine.start,
-            mine.start,
-            mine.end
-        )));
-    }
+    let mine = check_block(me, old, local.len(), global_n)?;
     let plan = sends_of(me, old, new, global_n);
     let remote = ic.remote();
     remote

@@ -107,7 +107,7 @@ pub fn intercomm_available() -> bool {
 /// How many times the job has reconfigured before this world started (DMR's
 /// `dmr_get_reconfig_count`; not a progress counter).
 pub fn reconfig_count() -> u32 {
-    std::env::var("FMX_RECONFIG_COUNT").ok().and_then(|v| v.parse().ok()).unwrap_or(0)
+    crate::spawn::reconfig_count()
 }
 
 /// How state crosses a reconfiguration.
@@ -356,14 +356,7 @@ impl Outbox<'_> {
                 send_blocks(ic, local, global_n)
             }
             Channel::Files(g) => {
-                let mine = block_range(me, old, global_n);
-                if local.len() as u64 != mine.end - mine.start {
-                    return Err(Error::Reconfig(format!(
-                        "old rank {me} of {old} holds {} elements of {name:?}, but its block of {global_n} is {}",
-                        local.len(),
-                        mine.end - mine.start
-                    )));
-                }
+                blocks::check_block(me, old, local.len(), global_n)?;
                 g.write_block(name, me, old, global_n, std::mem::size_of::<T>(), bytemuck::cast_slice(local))
             }
         }
