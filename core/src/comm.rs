@@ -36,6 +36,40 @@ impl Shared {
     }
 }
 
+thread_local! {
+    /// Every engine of this process (its world, and a bridge while two worlds are joined).
+    static ENGINES: RefCell<Vec<std::rc::Weak<Shared>>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Makes `sh` one of the engines a waiting engine progresses.
+pub(crate) fn register_engine(sh: &Rc<Shared>) {
+    ENGINES.with(|v| {
+        let mut v = v.borrow_mut();
+        v.retain(|w| w.strong_count() > 0);
+        v.push(Rc::downgrade(sh));
+    });
+    sh.engine.borrow_mut().set_idle_hook(progress_other_engines);
+}
+
+/// Progresses every engine not in use right now (the waiting one is borrowed,
+/// so it is skipped). Errors stay for the engine's own next call to report.
+fn progress_other_engines() {
+    ENGINES.with(|v| {
+        let Ok(v) = v.try_borrow() else { return };
+        if v.len() < 2 {
+            return;
+        }
+        for sh in v.iter().filter_map(std::rc::Weak::upgrade) {
+            if sh.finalized.get() {
+                continue;
+            }
+            if let (Ok(mut e), Ok(mut lend)) = (sh.engine.try_borrow_mut(), sh.lend.try_borrow_mut()) {
+                let _ = e.progress(&mut lend);
+            }
+        }
+    });
+}
+
 pub(crate) const NOT_MEMBER: u32 = u32::MAX;
 
 /// What [`Comm::try_send`] did.

@@ -167,6 +167,7 @@ pub(crate) fn open_world(mut boot: bootstrap::Bootstrap, local_ranks: usize) -> 
         in_handler: Cell::new(false),
         max_ctx: Cell::new(1),
     });
+    comm::register_engine(&sh);
     Ok(Comm::new(sh, 0, (0..size).collect(), size))
 }
 

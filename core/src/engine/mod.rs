@@ -130,6 +130,9 @@ pub(crate) struct Engine {
     /// A fatal protocol error found inside a poll callback.
     poison: Option<Error>,
     spin_polls: u32,
+    /// Called while a wait idles: progresses the process's other engines
+    /// (a world and a bridge), as MPI's progress covers every communicator.
+    on_idle: Option<fn()>,
 }
 
 impl Engine {
@@ -148,7 +151,13 @@ impl Engine {
             inflight: HashMap::new(),
             poison: None,
             spin_polls: if oversubscribed { SPIN_POLLS_OVERSUBSCRIBED } else { SPIN_POLLS },
+            on_idle: None,
         }
+    }
+
+    /// Sets what runs while a wait idles (see `on_idle`).
+    pub(crate) fn set_idle_hook(&mut self, hook: fn()) {
+        self.on_idle = Some(hook);
     }
 
     pub(crate) fn world_rank(&self) -> u32 {
@@ -411,6 +420,9 @@ impl Engine {
                 continue;
             }
             std::thread::yield_now();
+            if let Some(hook) = self.on_idle {
+                hook();
+            }
             if last_check.elapsed() >= LIVENESS_EVERY {
                 last_check = Instant::now();
                 check(self, lend)?;

@@ -253,6 +253,39 @@ fn exchange(ic: &Intercomm, tag: i32) -> R {
     Ok(())
 }
 
+/// Old rank 1 waits on the intercommunicator with a world receive posted;
+/// old rank 0's rendezvous send to it completes only if that wait also
+/// progresses the world, and only then does old rank 0 let new rank 0 release
+/// old rank 1 (valid MPI; one engine at a time would deadlock).
+fn cross_progress(w: &fmx::Comm, ic: &Intercomm) -> R {
+    const BIG: usize = 4 << 20;
+    match (ic.side(), w.rank()) {
+        (Some(fmx::Side::Old), 0) => {
+            let big: Vec<u8> = (0..BIG).map(|i| (i % 251) as u8).collect();
+            w.send(&big, 1, 50).map_err(e2s)?;
+            ic.send(&[1u32], 0, 51).map_err(e2s)?;
+        }
+        (Some(fmx::Side::Old), 1) => {
+            let mut big = vec![0u8; BIG];
+            let mut go = [0u32];
+            w.scope(|s| {
+                let r = s.irecv(&mut big, 0, 50)?;
+                ic.recv(&mut go, 0, 52)?;
+                s.wait(r)
+            })
+            .map_err(e2s)?;
+            check!(go == [2] && big.iter().enumerate().all(|(i, &b)| b == (i % 251) as u8), "cross-progress data");
+        }
+        (Some(fmx::Side::New), 0) => {
+            let mut go = [0u32];
+            ic.recv(&mut go, 0, 51).map_err(e2s)?;
+            ic.send(&[2u32], 1, 52).map_err(e2s)?;
+        }
+        _ => {}
+    }
+    Ok(())
+}
+
 /// A world of 2 spawns 3 with `spawn_world`; the children find it with `parent`.
 fn spawn() -> R {
     let fmx = fmx::init().map_err(e2s)?;
@@ -275,6 +308,7 @@ fn spawn() -> R {
         "groups"
     );
     exchange(&ic, 3)?;
+    cross_progress(w, &ic)?;
     // 7 elements from 2 old ranks to 3 new ones (4+3 -> 3+2+2).
     let old = ic.side() == Some(fmx::Side::Old);
     let block: Vec<u32> = if old { block_range(w.rank(), 2, 7).map(|i| i as u32 + 10).collect() } else { Vec::new() };
