@@ -869,44 +869,50 @@ impl OfiEndpoint {
                 self.pending.push_front(pc);
                 return Ok(());
             };
-            if !self.rma {
-                match self.post_emulated(&pc, dest, ctx) {
-                    Ok(Posted::Yes) => {}
-                    Ok(Posted::Again) => {
-                        self.give_tx(ctx);
-                        self.pending.push_front(pc);
-                        return Ok(());
+            let outcome = if self.rma {
+                // SAFETY: `local` is the caller's buffer (lent until poll_ops
+                // reports the op), described by `desc` where the provider needs
+                // it; the remote range was checked against the peer's key; the
+                // context lives until the completion.
+                let rc = unsafe {
+                    if pc.read {
+                        sys::fmx_fi_read(
+                            self.fabric.ep(),
+                            pc.local.cast(),
+                            pc.len,
+                            pc.desc,
+                            dest,
+                            pc.remote_addr,
+                            pc.key,
+                            self.ctx_ptr(ctx),
+                        )
+                    } else {
+                        sys::fmx_fi_write(
+                            self.fabric.ep(),
+                            pc.local.cast(),
+                            pc.len,
+                            pc.desc,
+                            dest,
+                            pc.remote_addr,
+                            pc.key,
+                            self.ctx_ptr(ctx),
+                        )
                     }
-                    Err(e) => {
-                        self.give_tx(ctx);
-                        self.mark_dead(pc.peer, e.to_string());
-                        self.fail_piece(pc.op, pc.peer);
-                    }
-                }
-                continue;
-            }
-            // SAFETY: `local` is the caller's buffer (lent until poll_ops
-            // reports the op), described by `desc` where the provider needs
-            // it; the remote range was checked against the peer's key; the
-            // context lives until the completion.
-            let rc = unsafe {
-                if pc.read {
-                    sys::fmx_fi_read(self.fabric.ep(), pc.local.cast(), pc.len, pc.desc, dest, pc.remote_addr, pc.key, self.ctx_ptr(ctx))
-                } else {
-                    sys::fmx_fi_write(self.fabric.ep(), pc.local.cast(), pc.len, pc.desc, dest, pc.remote_addr, pc.key, self.ctx_ptr(ctx))
-                }
+                };
+                posted(rc).map_err(|rc| format!("posting an RMA operation failed: {}", strerror(rc)))
+            } else {
+                self.post_emulated(&pc, dest, ctx).map_err(|e| e.to_string())
             };
-            match posted(rc) {
+            match outcome {
                 Ok(Posted::Yes) => {}
                 Ok(Posted::Again) => {
                     self.give_tx(ctx);
                     self.pending.push_front(pc);
                     return Ok(());
                 }
-                Err(rc) => {
+                Err(reason) => {
                     self.give_tx(ctx);
-                    let status = strerror(rc);
-                    self.mark_dead(pc.peer, format!("posting an RMA operation failed: {status}"));
+                    self.mark_dead(pc.peer, reason);
                     self.fail_piece(pc.op, pc.peer);
                 }
             }
