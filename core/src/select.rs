@@ -99,7 +99,8 @@ pub(crate) fn open(boot: &mut Bootstrap) -> Result<Transport> {
     }
     #[cfg(feature = "ofi")]
     if choice == "ofi" {
-        let setup = OfiSetup::create(OfiConfig::from_env(boot.rank(), boot.size())?)?;
+        let cfg = OfiConfig { job: Some(boot.job_id()), ..OfiConfig::from_env(boot.rank(), boot.size())? };
+        let setup = OfiSetup::create(cfg)?;
         let addresses = boot.allgather(&setup.address()?)?;
         let ep = setup.connect(&addresses)?;
         // Every address vector is filled and every receive slot posted before anyone sends.
@@ -134,7 +135,10 @@ fn distinct(nodes: &[u32]) -> usize {
 
 /// Removes whatever files a job of the given id may have left (launchers call this).
 pub fn cleanup_job(job: &str) -> usize {
-    fmx_shm::cleanup_job(&fmx_shm::shm_dir(), job)
+    let removed = fmx_shm::cleanup_job(&fmx_shm::shm_dir(), job);
+    #[cfg(feature = "ofi")]
+    let removed = removed + fmx_ofi::cleanup_job(job);
+    removed
 }
 
 macro_rules! dispatch {

@@ -8,6 +8,46 @@ pub fn dump(o: &fmx::launcher::Outcome) -> String {
     o.lines.iter().map(|(r, e, l)| format!("[{r}{}] {l}\n", if *e { " err" } else { "" })).collect()
 }
 
+/// Files a job left in shared memory: fmx's shm segments (`fmx-<job>-<rank>`
+/// in `FMX_SHM_DIR`, default `/dev/shm`) and the libfabric shm endpoints fmx
+/// names after the job (`fmxofi-<job>-<rank>.<n>` in `/dev/shm`), for the
+/// job and the worlds and bridges it spawned (`<job>g<k>`, `<job>b<k>`).
+pub fn files_left(job: &str) -> Vec<String> {
+    let of_job = |name: &str, kind: &str| {
+        let Some(id) = name.strip_prefix(kind).and_then(|n| n.split('-').next()) else {
+            return false;
+        };
+        id.strip_prefix(job).is_some_and(|rest| {
+            rest.is_empty() || (rest.len() > 1 && rest.starts_with(['g', 'b']) && rest[1..].bytes().all(|b| b.is_ascii_digit()))
+        })
+    };
+    let shm = std::env::var("FMX_SHM_DIR").unwrap_or_else(|_| "/dev/shm".into());
+    let mut left = Vec::new();
+    for (dir, kind) in [(shm.as_str(), "fmx-"), ("/dev/shm", "fmxofi-")] {
+        if let Ok(d) = std::fs::read_dir(dir) {
+            left.extend(d.filter_map(Result::ok).map(|e| e.file_name().to_string_lossy().into_owned()).filter(|n| of_job(n, kind)));
+        }
+    }
+    left
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn files_left_names_the_job_its_worlds_and_bridges_only() {
+        let dir = std::env::temp_dir().join(format!("fmx-itest-left-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        for n in ["fmx-7x5-0", "fmx-7x5g2-1", "fmx-7x5b1-3", "fmx-7x55-0", "fmx-7x5gx-0", "other"] {
+            std::fs::write(dir.join(n), b"").unwrap();
+        }
+        std::env::set_var("FMX_SHM_DIR", &dir);
+        let mut left = super::files_left("7x5");
+        left.sort();
+        assert_eq!(left, ["fmx-7x5-0", "fmx-7x5b1-3", "fmx-7x5g2-1"]);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
+
 /// The byte at index `i` of message `m` from `src` (content checks).
 pub fn pattern(src: u32, m: u64, i: usize) -> u8 {
     ((i as u64).wrapping_mul(31) ^ m.wrapping_mul(131) ^ u64::from(src).wrapping_mul(7)) as u8

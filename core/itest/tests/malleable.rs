@@ -41,13 +41,7 @@ fn assert_clean(o: &Outcome) {
     for pid in lines(o, "PID ").map(|l| l[4..].to_string()) {
         assert!(!Path::new(&format!("/proc/{pid}")).exists(), "process {pid} outlived the job");
     }
-    let shm = std::env::var("FMX_SHM_DIR").unwrap_or_else(|_| "/dev/shm".into());
-    let prefix = format!("fmx-{}", o.job);
-    let left: Vec<_> = std::fs::read_dir(shm)
-        .map(|d| {
-            d.filter_map(Result::ok).map(|e| e.file_name().to_string_lossy().into_owned()).filter(|n| n.starts_with(&prefix)).collect()
-        })
-        .unwrap_or_default();
+    let left = fmx_itest::files_left(&o.job);
     assert!(left.is_empty(), "files left: {left:?}");
     assert!(!std::env::temp_dir().join(format!("fmx-{}.reconfig", o.job)).exists(), "request file left");
 }

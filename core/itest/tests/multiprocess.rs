@@ -66,12 +66,7 @@ fn run_ok_env(np: u32, scenario: &str, env: &[(&str, &str)]) -> fmx::launcher::O
 }
 
 fn assert_no_files(job: &str) {
-    let prefix = format!("fmx-{job}-");
-    let left: Vec<_> = std::fs::read_dir("/dev/shm")
-        .map(|d| {
-            d.filter_map(Result::ok).map(|e| e.file_name().to_string_lossy().into_owned()).filter(|n| n.starts_with(&prefix)).collect()
-        })
-        .unwrap_or_default();
+    let left = fmx_itest::files_left(job);
     assert!(left.is_empty(), "shared-memory files left behind: {left:?}");
 }
 

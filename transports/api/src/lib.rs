@@ -40,6 +40,7 @@ pub mod loopback;
 pub mod own;
 pub mod pool;
 pub mod settings;
+pub mod sweep;
 
 pub use endpoint::{Endpoint, OpStatus, PeerId, PeerState, ReceiveMemory, RegistrationStats, RemoteKey, SendOutcome};
 pub use error::TransportError;

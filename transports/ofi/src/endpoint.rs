@@ -80,6 +80,11 @@ pub struct OfiConfig {
     pub rma: bool,
     /// Control receives posted when RMA is not used (`FMX_OFI_CTRL_SLOTS`; default 4 per peer + 64).
     pub ctrl_slots: Option<usize>,
+    /// The job's id (`[A-Za-z0-9_.]`). Where the provider keeps endpoints in
+    /// files (shm), the endpoint is named after job and rank, so a killed
+    /// process's file cannot collide with ours and [`crate::cleanup_job`]
+    /// finds it. `None`: the provider's own name (shm: the pid).
+    pub job: Option<String>,
 }
 
 impl OfiConfig {
@@ -102,6 +107,7 @@ impl OfiConfig {
             piece: env_number("FMX_OFI_PIECE")?.unwrap_or(DEFAULT_PIECE).max(4096),
             rma: env_number("FMX_OFI_RMA")?.is_none_or(|n| n != 0),
             ctrl_slots: env_positive("FMX_OFI_CTRL_SLOTS")?,
+            job: None,
         })
     }
 }
@@ -269,7 +275,12 @@ impl OfiSetup {
         let ctrl_slots =
             if rma { 0 } else { cfg.ctrl_slots.unwrap_or(4 * peers as usize + 64).min(rx_size.saturating_sub(recv_slots)).max(1) };
         let provider_name = provider.clone();
-        let fabric = Arc::new(Fabric::open(info, recv_slots + ctrl_slots + TX_CONTEXTS + 64, cfg.size as usize)?);
+        let name = cfg
+            .job
+            .as_deref()
+            .filter(|_| provider == crate::names::FILE_NAMED_PROVIDER)
+            .map(|job| crate::names::endpoint_name(job, cfg.rank));
+        let fabric = Arc::new(Fabric::open(info, recv_slots + ctrl_slots + TX_CONTEXTS + 64, cfg.size as usize, name.as_deref())?);
         let registrations = Arc::new(AtomicU64::new(0));
         let recv = anon(recv_slots * cfg.slot_bytes)?;
         let recv_mr = if fabric.mr_mode.local {

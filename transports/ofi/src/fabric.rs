@@ -252,8 +252,9 @@ fn as_fid<T>(p: *mut T) -> *mut fid {
 
 impl Fabric {
     /// Opens fabric, domain, completion queue (tagged format, `cq_size`
-    /// entries), address vector (`peers` entries) and the endpoint, binds and enables it.
-    pub fn open(info: Info, cq_size: usize, peers: usize) -> Result<Self, TransportError> {
+    /// entries), address vector (`peers` entries) and the endpoint, names it
+    /// (`fi_setname`, when `name` is given), binds and enables it.
+    pub fn open(info: Info, cq_size: usize, peers: usize, name: Option<&str>) -> Result<Self, TransportError> {
         let provider = info.provider();
         let mr_mode = info.mr_mode();
         let mut me = Self {
@@ -271,6 +272,7 @@ impl Fabric {
         let i = me._info.chosen;
         // SAFETY: `i` is the chosen fi_info; every out-pointer is a field of
         // `me`, which closes whatever was opened if a later step fails (Drop).
+        // fi_setname reads `c.len()` bytes of `c`, a NUL-terminated string it copies.
         unsafe {
             check("fi_fabric", &p, sys::fmx_fi_fabric((*i).fabric_attr, &raw mut me.fabric, ptr::null_mut()))?;
             check("fi_domain", &p, sys::fmx_fi_domain(me.fabric, i, &raw mut me.domain, ptr::null_mut()))?;
@@ -284,6 +286,11 @@ impl Fabric {
             me.ep = AtomicPtr::new(ep);
             check("fi_ep_bind (completion queue)", &p, sys::fmx_fi_ep_bind(ep, as_fid(me.cq), u64::from(sys::FI_TRANSMIT | sys::FI_RECV)))?;
             check("fi_ep_bind (address vector)", &p, sys::fmx_fi_ep_bind(ep, as_fid(me.av), 0))?;
+            if let Some(name) = name {
+                // The provider copies a NUL-terminated string.
+                let mut c = format!("{name}\0").into_bytes();
+                check(&format!("fi_setname ({name})"), &p, sys::fmx_fi_setname(ep, c.as_mut_ptr().cast(), c.len()))?;
+            }
             check("fi_enable", &p, sys::fmx_fi_enable(ep))?;
         }
         Ok(me)

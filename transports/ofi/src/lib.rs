@@ -41,9 +41,11 @@
 mod address;
 pub mod endpoint;
 pub mod fabric;
+mod names;
 
 pub use endpoint::{OfiConfig, OfiEndpoint, OfiSetup, DEFAULT_PIECE, DEFAULT_POOL_SLOTS, DEFAULT_SLOT_BYTES};
 pub use fabric::{Info, MrMode};
+pub use names::cleanup_job;
 
 /// The libfabric version this build was compiled against.
 pub const LIBFABRIC_VERSION: &str = sys::LIBFABRIC_VERSION;

@@ -187,3 +187,33 @@ fn ranks_on_different_providers_are_refused_at_connect() {
     let e = a.connect(&addrs).err().expect("mismatch").to_string();
     assert!(e.contains("rank 1 chose libfabric provider \"tcp;ofi_rxm\"") && e.contains("rank 0 chose \"shm\""), "{e}");
 }
+
+/// The shm files in /dev/shm whose names start with `prefix`.
+fn shm_files(prefix: &str) -> Vec<String> {
+    let d = std::fs::read_dir("/dev/shm").expect("/dev/shm");
+    d.filter_map(Result::ok).map(|e| e.file_name().to_string_lossy().into_owned()).filter(|n| n.starts_with(prefix)).collect()
+}
+
+#[test]
+fn shm_endpoints_are_named_after_the_job_and_a_killed_jobs_files_are_swept() {
+    // libfabric's default shm name is the pid: a file a killed process left
+    // makes fi_enable fail with EBUSY for the next process given that pid.
+    let job = format!("pairtest{}", std::process::id());
+    let prefix = format!("fmxofi-{job}-");
+    let named = |rank| OfiConfig { job: Some(job.clone()), ..config(rank, "shm") };
+    let a = OfiSetup::create(named(0)).unwrap();
+    let b = OfiSetup::create(named(0)).unwrap();
+    let files = shm_files(&prefix);
+    assert_eq!(files.len(), 2, "the same job and rank opened twice gets two names: {files:?}");
+    assert!(files.iter().all(|f| f.starts_with(&format!("{prefix}0."))), "{files:?}");
+    drop(a);
+    assert_eq!(shm_files(&prefix).len(), 1, "closing an endpoint removes its file");
+    // A process that is killed cannot close: its file stays until the launcher sweeps the job.
+    std::mem::forget(b);
+    assert_eq!(fmx_ofi::cleanup_job(&job), 1);
+    assert!(shm_files(&prefix).is_empty());
+    // Other providers ignore the job (tcp names by socket address).
+    let t = OfiSetup::create(OfiConfig { job: Some(job.clone()), ..config(1, "tcp;ofi_rxm") }).unwrap();
+    assert!(shm_files(&prefix).is_empty());
+    drop(t);
+}

@@ -43,15 +43,7 @@ pub fn validate_job_id(job: &str) -> Result<(), TransportError> {
 /// Removes every segment file of `job` in `dir`; returns how many it removed.
 /// The launcher calls this when a job ends, however it ended.
 pub fn cleanup_job(dir: &Path, job: &str) -> usize {
-    let prefix = job_prefix(job);
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return 0;
-    };
-    entries
-        .filter_map(Result::ok)
-        .filter(|e| e.file_name().to_string_lossy().starts_with(&prefix))
-        .filter(|e| std::fs::remove_file(e.path()).is_ok())
-        .count()
+    fmx_transport::sweep::remove_files_with_prefix(dir, &job_prefix(job))
 }
 
 /// A mapped segment, this process's own or a peer's.

@@ -32,6 +32,7 @@ int fmx_fi_av_open(struct fid_domain *domain, struct fi_av_attr *attr, struct fi
 int fmx_fi_ep_bind(struct fid_ep *ep, struct fid *bfid, uint64_t flags) { return fi_ep_bind(ep, bfid, flags); }
 int fmx_fi_enable(struct fid_ep *ep) { return fi_enable(ep); }
 int fmx_fi_getname(struct fid_ep *ep, void *addr, size_t *addrlen) { return fi_getname(&ep->fid, addr, addrlen); }
+int fmx_fi_setname(struct fid_ep *ep, void *addr, size_t addrlen) { return fi_setname(&ep->fid, addr, addrlen); }
 int fmx_fi_av_insert(struct fid_av *av, const void *addr, size_t count, fi_addr_t *fi_addr, uint64_t flags, void *context) {
     return fi_av_insert(av, addr, count, fi_addr, flags, context);
 }
