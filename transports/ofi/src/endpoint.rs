@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use fmx_transport::credit::{mailbox, Class, CreditConfig, Gate, PeerCredits};
-use fmx_transport::liveness::{host_identity, PeerWatch};
+use fmx_transport::liveness::{host_identity, PeerLife};
 use fmx_transport::own::{OwnQueue, OWN_SLOTS};
 use fmx_transport::pool::{HugePages, Lease, Pool, PoolConfig, RegistrationHook};
 use fmx_transport::settings::{env_number, env_positive};
@@ -44,8 +44,8 @@ const TX_CONTEXTS: usize = 256;
 const SEND_BUFS: usize = 256;
 /// Completions read per call.
 const CQ_BATCH: usize = 16;
-/// How often an idle peer on another host is probed with an 8-byte read.
-const PROBE_EVERY: Duration = Duration::from_secs(1);
+/// Default of [`OfiConfig::peer_timeout`], in seconds.
+pub const DEFAULT_PEER_TIMEOUT_SECS: u64 = 5;
 /// Providers whose traffic to a peer is one byte stream (a socket): a read
 /// and a write between two processes do not proceed in parallel there.
 const STREAM_PROVIDERS: &[&str] = &["tcp", "sockets", "net", "udp"];
@@ -80,6 +80,10 @@ pub struct OfiConfig {
     pub rma: bool,
     /// Control receives posted when RMA is not used (`FMX_OFI_CTRL_SLOTS`; default 4 per peer + 64).
     pub ctrl_slots: Option<usize>,
+    /// How long the provider may refuse every probe of a peer on another host,
+    /// with nothing else in flight toward it, before the peer counts as dead
+    /// (`FMX_OFI_PEER_TIMEOUT`, seconds; default 5).
+    pub peer_timeout: Duration,
     /// The job's id (`[A-Za-z0-9_.]`). Where the provider keeps endpoints in
     /// files (shm), the endpoint is named after job and rank, so a killed
     /// process's file cannot collide with ours and [`crate::cleanup_job`]
@@ -107,6 +111,7 @@ impl OfiConfig {
             piece: env_number("FMX_OFI_PIECE")?.unwrap_or(DEFAULT_PIECE).max(4096),
             rma: env_number("FMX_OFI_RMA")?.is_none_or(|n| n != 0),
             ctrl_slots: env_positive("FMX_OFI_CTRL_SLOTS")?,
+            peer_timeout: Duration::from_secs(env_positive("FMX_OFI_PEER_TIMEOUT")?.map_or(DEFAULT_PEER_TIMEOUT_SECS, |n| n as u64)),
             job: None,
         })
     }
@@ -156,6 +161,16 @@ enum Tx {
     Sink(PeerId, u64),
 }
 
+impl Tx {
+    /// The peer the operation is toward.
+    fn peer(&self) -> Option<PeerId> {
+        match *self {
+            Self::Free => None,
+            Self::Slot(p, _) | Self::Piece(p, _) | Self::Mailbox(p) | Self::Probe(p) | Self::Serve(p) | Self::Sink(p, _) => Some(p),
+        }
+    }
+}
+
 struct Op {
     peer: PeerId,
     pieces: u32,
@@ -183,10 +198,7 @@ struct Peer {
     mailbox_key: u64,
     /// A mailbox write toward the peer is in flight: its source word must not change.
     mailbox_busy: bool,
-    watch: Option<PeerWatch>,
-    dead: Option<String>,
-    last_probe: Instant,
-    probing: bool,
+    life: PeerLife,
 }
 
 /// rxm sizes the completion queue of its connections as (receive + transmit
@@ -332,6 +344,7 @@ impl OfiSetup {
             stats: RegistrationStats::default(),
             registrations,
             debug: std::env::var_os("FMX_OFI_DEBUG").is_some(),
+            peer_timeout: cfg.peer_timeout,
             recv_slots,
             ctrl_slots,
             rma,
@@ -417,10 +430,7 @@ impl OfiSetup {
                     mailbox_addr: a.mailbox_addr + 8 * u64::from(cfg.rank),
                     mailbox_key: a.mailbox_key,
                     mailbox_busy: false,
-                    watch: (a.host == mine && a.host != [0; 24]).then(|| PeerWatch::new(a.pid)),
-                    dead: None,
-                    last_probe: Instant::now(),
-                    probing: false,
+                    life: PeerLife::new(a.pid, &a.host, &mine),
                 })
             })
             .collect();
@@ -463,6 +473,8 @@ pub struct OfiEndpoint {
     registrations: Arc<AtomicU64>,
     /// `FMX_OFI_DEBUG`: print every failed completion to stderr.
     debug: bool,
+    /// See [`OfiConfig::peer_timeout`].
+    peer_timeout: Duration,
     recv_slots: usize,
     /// Control receives (credits, GET, PUT) when the provider has no RMA; 0 with RMA.
     ctrl_slots: usize,
@@ -563,8 +575,8 @@ impl OfiEndpoint {
     fn peer(&mut self, peer: PeerId) -> Result<&mut Peer, TransportError> {
         let size = self.size;
         match self.peers.get_mut(peer as usize) {
-            Some(Some(p)) => match &p.dead {
-                Some(reason) => Err(TransportError::PeerGone { peer, reason: reason.clone() }),
+            Some(Some(p)) => match p.life.failure() {
+                Some(reason) => Err(TransportError::PeerGone { peer, reason: reason.to_owned() }),
                 None => Ok(p),
             },
             _ => Err(TransportError::NoSuchPeer { peer, size }),
@@ -601,8 +613,7 @@ impl OfiEndpoint {
 
     fn mark_dead(&mut self, peer: PeerId, reason: String) {
         if let Some(Some(p)) = self.peers.get_mut(peer as usize) {
-            p.dead.get_or_insert(reason);
-            p.probing = false;
+            p.life.mark_dead(reason, false);
         }
     }
 
@@ -727,7 +738,7 @@ impl OfiEndpoint {
             }
             Tx::Probe(_) => {
                 if let Some(Some(p)) = self.peers.get_mut(peer as usize) {
-                    p.probing = false;
+                    p.life.probe_answered();
                 }
             }
             Tx::Serve(_) => {}
@@ -741,7 +752,7 @@ impl OfiEndpoint {
         self.explicit_due = false;
         for peer in 0..self.size {
             let Some(Some(p)) = self.peers.get(peer as usize) else { continue };
-            if p.dead.is_some() || !(all || p.credits.wants_explicit(&self.credit)) {
+            if p.life.failure().is_some() || !(all || p.credits.wants_explicit(&self.credit)) {
                 continue;
             }
             if p.mailbox_busy {
@@ -870,7 +881,7 @@ impl OfiEndpoint {
         }
         while let Some(pc) = self.pending.pop_front() {
             let dest = match self.peers.get(pc.peer as usize) {
-                Some(Some(p)) if p.dead.is_none() => p.addr,
+                Some(Some(p)) if p.life.failure().is_none() => p.addr,
                 _ => {
                     self.fail_piece(pc.op, pc.peer);
                     continue;
@@ -932,7 +943,8 @@ impl OfiEndpoint {
     }
 
     fn fail_piece(&mut self, id: u64, peer: PeerId) {
-        let reason = self.peers.get(peer as usize).and_then(Option::as_ref).and_then(|p| p.dead.clone()).unwrap_or_default();
+        let reason =
+            self.peers.get(peer as usize).and_then(Option::as_ref).and_then(|p| p.life.failure().map(str::to_owned)).unwrap_or_default();
         if let Some(op) = self.ops.get_mut(&id) {
             op.pieces -= 1;
             op.error.get_or_insert(TransportError::PeerGone { peer, reason });
@@ -963,7 +975,7 @@ impl OfiEndpoint {
     fn probe(&mut self, peer: PeerId) {
         let Some(Some(p)) = self.peers.get(peer as usize) else { return };
         // Without RMA there is nothing to read: send failures report a dead peer elsewhere.
-        if !self.rma || p.probing || p.dead.is_some() || p.last_probe.elapsed() < PROBE_EVERY {
+        if !self.rma || !p.life.probe_due() {
             return;
         }
         let (addr, key, dest) = (p.mailbox_addr, p.mailbox_key, p.addr);
@@ -972,12 +984,29 @@ impl OfiEndpoint {
         // SAFETY: the destination word lies in the registered outbox (second
         // half: probe words), used only by this probe until it completes.
         let rc = unsafe { sys::fmx_fi_read(self.fabric.ep(), dst.cast(), 8, self.outbox_mr.desc, dest, addr, key, self.ctx_ptr(ctx)) };
-        if matches!(posted(rc), Ok(Posted::Yes)) {
-            let p = self.peers[peer as usize].as_mut().expect("a peer");
-            p.probing = true;
-            p.last_probe = Instant::now();
-        } else {
-            self.give_tx(ctx);
+        let outcome = posted(rc);
+        if matches!(outcome, Ok(Posted::Yes)) {
+            self.peers[peer as usize].as_mut().expect("a peer").life.probe_posted();
+            return;
+        }
+        self.give_tx(ctx);
+        match outcome {
+            Err(rc) => self.mark_dead(peer, format!("probe read could not be posted: {}", strerror(rc))),
+            // rxm answers EAGAIN for ever once a peer's connection is gone and
+            // reconnecting fails; with nothing of ours in flight toward the
+            // peer that is not our own backlog.
+            _ if !self.tx.iter().any(|t| t.peer() == Some(peer)) => {
+                let refused = self.peers[peer as usize].as_mut().expect("a peer").life.probe_refused();
+                if refused >= self.peer_timeout {
+                    let why = format!(
+                        "unreachable: provider {} refused every operation toward it for {} s (FMX_OFI_PEER_TIMEOUT) with nothing in flight",
+                        self.provider,
+                        refused.as_secs()
+                    );
+                    self.mark_dead(peer, why);
+                }
+            }
+            _ => {}
         }
     }
 
@@ -1003,7 +1032,7 @@ impl OfiEndpoint {
                 }
             });
             self.drain_cq()?;
-            if let Some((r, why)) = self.peers.iter().enumerate().find_map(|(r, p)| p.as_ref()?.dead.clone().map(|d| (r, d))) {
+            if let Some((r, why)) = self.peers.iter().enumerate().find_map(|(r, p)| p.as_ref()?.life.failure().map(|d| (r, d.to_owned()))) {
                 return Err(TransportError::PeerGone { peer: r as PeerId, reason: format!("while connecting: {why}") });
             }
             let silent: Vec<PeerId> =
@@ -1271,12 +1300,10 @@ impl Endpoint for OfiEndpoint {
         }
         let _ = self.drain_cq();
         let Some(Some(p)) = self.peers.get(peer as usize) else { return PeerState::Dead };
-        if p.dead.is_some() || p.watch.as_ref().is_some_and(PeerWatch::exited) {
+        if p.life.is_dead() {
             return PeerState::Dead;
         }
-        if p.watch.is_none() {
-            self.probe(peer); // another host: a failed probe marks it dead
-        }
+        self.probe(peer); // another host: a failed probe marks it dead
         PeerState::Alive
     }
 
@@ -1337,7 +1364,7 @@ impl Endpoint for OfiEndpoint {
             }
             std::thread::yield_now();
         }
-        while self.peers.iter().flatten().any(|p| p.dead.is_none() && p.mailbox_busy) && Instant::now() < deadline {
+        while self.peers.iter().flatten().any(|p| p.life.failure().is_none() && p.mailbox_busy) && Instant::now() < deadline {
             self.drain_cq()?;
             std::thread::yield_now();
         }

@@ -27,7 +27,9 @@
 //! - **Completions** are read in batches of 16 from one tagged-format queue.
 //! - **Failures**: an error completion (`fi_cq_readerr`) marks the peer dead
 //!   with the provider's name and reason; peers on this host are also
-//!   watched with a pidfd, peers elsewhere probed with 8-byte reads.
+//!   watched with a pidfd, peers elsewhere probed with 8-byte reads (a
+//!   probe the provider refuses for `FMX_OFI_PEER_TIMEOUT` seconds also
+//!   counts: rxm answers EAGAIN for ever toward a peer whose process is gone).
 //!
 //! Provider choice: libfabric's first (best) answer, `FMX_OFI_PROVIDER`
 //! (an exact name such as `tcp;ofi_rxm`) or libfabric's own `FI_PROVIDER`;
@@ -35,7 +37,7 @@
 //! `FMX_OFI_DOMAIN` (a comma-separated list is taken by rank), else the
 //! provider's first.
 //! Every rank must end up with the same provider (checked at connect).
-//! Settings: `FMX_OFI_PIECE`, `FMX_OFI_RMA`, `FMX_OFI_DEBUG`, and the shared
+//! Settings: `FMX_OFI_PIECE`, `FMX_OFI_RMA`, `FMX_OFI_PEER_TIMEOUT`, `FMX_OFI_DEBUG`, and the shared
 //! `FMX_POOL_SLOTS`, `FMX_SLOT_BYTES`, `FMX_NEWCOMER_CREDITS`, `FMX_CREDIT_THRESHOLD`.
 
 mod address;

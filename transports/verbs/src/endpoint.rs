@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use fmx_transport::credit::{Class, CreditConfig, Gate, PeerCredits};
-use fmx_transport::liveness::PeerWatch;
+use fmx_transport::liveness::PeerLife;
 use fmx_transport::own::{OwnQueue, OWN_SLOTS};
 use fmx_transport::pool::{HugePages, Lease, Pool, PoolConfig, RegistrationHook};
 use fmx_transport::settings::{env_number as env_num, env_positive as positive};
@@ -49,8 +49,8 @@ const INLINE_BUF: usize = 256;
 const SEND_BUFS: usize = 256;
 /// Completions polled per call.
 const CQ_BATCH: usize = 16;
-/// How often an idle peer on another host is probed with a 0-byte RDMA WRITE.
-const PROBE_EVERY: Duration = Duration::from_secs(1);
+/// Transport retries: the most that is finite everywhere (rxe retries for ever at 7).
+const DEFAULT_RETRY_CNT: u8 = 6;
 
 /// How to build the endpoint.
 #[derive(Clone, Debug)]
@@ -76,7 +76,8 @@ pub struct VerbsConfig {
     /// Local ACK timeout exponent (4.096 us × 2^t per try) and retries: bound
     /// how long a dead peer on another host takes to notice.
     pub timeout: u8,
-    /// Transport retries before a send fails with "retry exceeded".
+    /// Transport retries before a send fails with "retry exceeded" (default 6:
+    /// rxe treats 7 as "retry for ever", so a dead peer would never be reported).
     pub retry_cnt: u8,
 }
 
@@ -96,7 +97,7 @@ impl VerbsConfig {
             inline: env_num("FMX_VERBS_INLINE")?.map_or(INLINE_BUF as u32, |n| n as u32),
             bounce_max: env_num("FMX_VERBS_BOUNCE_MAX")?.unwrap_or(DEFAULT_BOUNCE_MAX),
             timeout: env_num("FMX_VERBS_TIMEOUT")?.map_or(14, |n| n.min(31) as u8),
-            retry_cnt: env_num("FMX_VERBS_RETRY")?.map_or(7, |n| n.min(7) as u8),
+            retry_cnt: env_num("FMX_VERBS_RETRY")?.map_or(DEFAULT_RETRY_CNT, |n| n.min(7) as u8),
         })
     }
 
@@ -170,10 +171,7 @@ struct Peer {
     unsignaled: u32,
     mailbox_addr: u64,
     mailbox_rkey: u32,
-    watch: Option<PeerWatch>,
-    dead: Option<String>,
-    last_probe: Instant,
-    probing: bool,
+    life: PeerLife,
 }
 
 /// Our queue pairs exist; they are not connected yet. Publish
@@ -372,10 +370,7 @@ impl VerbsSetup {
                 unsignaled: 0,
                 mailbox_addr: a.mailbox_addr + 8 * u64::from(me),
                 mailbox_rkey: a.mailbox_rkey,
-                watch: (a.host == mine && a.host != [0; 24]).then(|| PeerWatch::new(a.pid)),
-                dead: None,
-                last_probe: Instant::now(),
-                probing: false,
+                life: PeerLife::new(a.pid, &a.host, &mine),
             }));
         }
         qpn_to_peer.sort_unstable();
@@ -545,8 +540,8 @@ impl VerbsEndpoint {
     fn peer(&mut self, peer: PeerId) -> Result<&mut Peer, TransportError> {
         let size = self.size;
         match self.peers.get_mut(peer as usize) {
-            Some(Some(p)) => match &p.dead {
-                Some(reason) => Err(TransportError::PeerGone { peer, reason: reason.clone() }),
+            Some(Some(p)) => match p.life.failure() {
+                Some(reason) => Err(TransportError::PeerGone { peer, reason: reason.to_owned() }),
                 None => Ok(p),
             },
             _ => Err(TransportError::NoSuchPeer { peer, size }),
@@ -640,11 +635,7 @@ impl VerbsEndpoint {
         let Some(Some(p)) = self.peers.get_mut(peer as usize) else { return };
         if let Some(reason) = &failure {
             // Keep the first real cause; flushes only follow one.
-            let flushed = reason.starts_with("flushed");
-            if p.dead.as_deref().is_none_or(|d| !flushed && d.contains("flushed")) {
-                p.dead = Some(format!("device {} reported: {reason}", self.device));
-            }
-            p.probing = false;
+            p.life.mark_dead(format!("device {} reported: {reason}", self.device), reason.starts_with("flushed"));
         }
         while p.inflight.front().is_some_and(|(s, _)| *s <= seq) {
             let (_, what) = p.inflight.pop_front().expect("front exists");
@@ -670,7 +661,7 @@ impl VerbsEndpoint {
             }
         }
         if failure.is_none() {
-            p.probing = false;
+            p.life.probe_answered();
         }
     }
 
@@ -680,7 +671,7 @@ impl VerbsEndpoint {
         self.explicit_due = false;
         for peer in 0..self.size {
             let Some(Some(p)) = self.peers.get(peer as usize) else { continue };
-            if p.dead.is_some() || !(all || p.credits.wants_explicit(&self.credit)) {
+            if p.life.failure().is_some() || !(all || p.credits.wants_explicit(&self.credit)) {
                 continue;
             }
             if !self.sq_room(peer)? {
@@ -813,16 +804,14 @@ impl VerbsEndpoint {
 
     fn probe(&mut self, peer: PeerId) {
         let Some(Some(p)) = self.peers.get(peer as usize) else { return };
-        if p.probing || p.dead.is_some() || p.last_probe.elapsed() < PROBE_EVERY {
+        if !p.life.probe_due() {
             return;
         }
         let (addr, rkey) = (p.mailbox_addr, p.mailbox_rkey);
         if self.sq_room(peer).unwrap_or(false)
             && self.post(peer, SendOp::Write { remote_addr: addr, rkey }, (0, 0, 0), false, Inflight::Nothing, true).is_ok()
         {
-            let p = self.peers[peer as usize].as_mut().expect("a peer");
-            p.probing = true;
-            p.last_probe = Instant::now();
+            self.peers[peer as usize].as_mut().expect("a peer").life.probe_posted();
         }
     }
 }
@@ -960,9 +949,7 @@ impl Endpoint for VerbsEndpoint {
                     }
                     if let Some(Some(p)) = self.peers.get_mut(peer as usize) {
                         let reason = status_name(status);
-                        if p.dead.as_deref().is_none_or(|d| !reason.starts_with("flushed") && d.contains("flushed")) {
-                            p.dead = Some(format!("device {} reported on receive: {reason}", self.device));
-                        }
+                        p.life.mark_dead(format!("device {} reported on receive: {reason}", self.device), reason.starts_with("flushed"));
                     }
                     continue; // the QP is in error: its slot is not reposted
                 }
@@ -1075,12 +1062,10 @@ impl Endpoint for VerbsEndpoint {
         }
         let _ = self.reap_sends();
         let Some(Some(p)) = self.peers.get(peer as usize) else { return PeerState::Dead };
-        if p.dead.is_some() || p.watch.as_ref().is_some_and(PeerWatch::exited) {
+        if p.life.is_dead() {
             return PeerState::Dead;
         }
-        if p.watch.is_none() {
-            self.probe(peer); // another host: a failed probe marks it dead
-        }
+        self.probe(peer); // another host: a failed probe marks it dead
         PeerState::Alive
     }
 
@@ -1126,7 +1111,7 @@ impl Endpoint for VerbsEndpoint {
         self.return_credits(true)?;
         // Wait (bounded) until the finalize words have left: after exit the QPs are gone.
         let deadline = Instant::now() + Duration::from_secs(2);
-        while self.peers.iter().flatten().any(|p| p.dead.is_none() && !p.inflight.is_empty()) && Instant::now() < deadline {
+        while self.peers.iter().flatten().any(|p| p.life.failure().is_none() && !p.inflight.is_empty()) && Instant::now() < deadline {
             self.reap_sends()?;
             std::thread::yield_now();
         }
