@@ -449,8 +449,21 @@ pub(crate) fn watch_launcher() -> Result<()> {
     };
     rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::KILL))
         .map_err(|e| Error::Bootstrap(format!("PR_SET_PDEATHSIG: {e}")))?;
-    if rustix::process::getppid().map(rustix::process::Pid::as_raw_nonzero).map(i32::from) != Some(pid) {
-        return Err(Error::Bootstrap(format!("the launcher (pid {pid}) is gone")));
+    match rustix::process::getppid().map(|p| i32::from(p.as_raw_nonzero())) {
+        Some(parent) if parent == pid => Ok(()),
+        // Our parent is outside our PID namespace (a wrapper such as
+        // `unshare --pid --fork` started us): there is nothing to compare,
+        // and the wrapper's own death signal ties us to it.
+        None => Ok(()),
+        // A wrapper that forks stands between fmxrun and us: fine while fmxrun
+        // lives. Otherwise we were reparented because fmxrun died before the
+        // death signal was set.
+        Some(_) if rustix::process::Pid::from_raw(pid).is_some_and(|p| launcher_alive(p)) => Ok(()),
+        Some(_) => Err(Error::Bootstrap(format!("the launcher (pid {pid}) is gone"))),
     }
-    Ok(())
+}
+
+fn launcher_alive(pid: rustix::process::Pid) -> bool {
+    // EPERM: it exists but is not ours to signal.
+    matches!(rustix::process::test_kill_process(pid), Ok(()) | Err(rustix::io::Errno::PERM))
 }
