@@ -15,6 +15,33 @@ pub fn env_number(var: &str) -> Result<Option<usize>, TransportError> {
     }
 }
 
+/// Like [`env_number`], within `min..=max` (an error names the variable, its
+/// value and the range: a value that would wrap a 32-bit field, or ask for
+/// more memory than any host has, never goes through).
+pub fn env_in(var: &str, min: usize, max: usize) -> Result<Option<usize>, TransportError> {
+    match env_number(var)? {
+        Some(v) if v < min || v > max => Err(invalid(var, &v.to_string(), &format!("is out of range: allowed {min} to {max}"))),
+        v => Ok(v),
+    }
+}
+
+/// The eager and credit settings every transport reads, with their ranges.
+pub mod limits {
+    /// `FMX_POOL_SLOTS` (and `FMX_SHM_POOL_SLOTS`): eager slots per process.
+    pub const POOL_SLOTS: (usize, usize) = (1, 1 << 20);
+    /// `FMX_SLOT_BYTES` (and `FMX_SHM_SLOT_BYTES`): bytes per slot, header included.
+    pub const SLOT_BYTES: (usize, usize) = (crate::HEADER_BYTES + 8, 64 << 20);
+    /// `FMX_NEWCOMER_CREDITS`.
+    pub const NEWCOMER_CREDITS: (usize, usize) = (1, 1 << 16);
+    /// `FMX_CREDIT_THRESHOLD`.
+    pub const CREDIT_THRESHOLD: (usize, usize) = (1, 1 << 20);
+}
+
+/// [`env_in`] with one of the [`limits`].
+pub fn env_limited(var: &str, (min, max): (usize, usize)) -> Result<Option<usize>, TransportError> {
+    env_in(var, min, max)
+}
+
 /// Like [`env_number`], and 0 is refused.
 pub fn env_positive(var: &str) -> Result<Option<usize>, TransportError> {
     match env_number(var)? {
@@ -32,5 +59,11 @@ mod tests {
         let e = env_number("PATH").unwrap_err().to_string();
         assert!(e.starts_with("PATH=") && e.contains("not a non-negative integer"), "{e}");
         assert_eq!(env_number("FMX_SURELY_UNSET_VARIABLE").unwrap(), None);
+        std::env::set_var("FMX_TEST_RANGE_4294967360", "4294967360");
+        let e = env_limited("FMX_TEST_RANGE_4294967360", limits::POOL_SLOTS).unwrap_err().to_string();
+        assert!(e.contains("FMX_TEST_RANGE_4294967360=\"4294967360\" is out of range: allowed 1 to 1048576"), "{e}");
+        std::env::set_var("FMX_TEST_RANGE_MAX", u64::MAX.to_string());
+        let e = env_limited("FMX_TEST_RANGE_MAX", limits::SLOT_BYTES).unwrap_err().to_string();
+        assert!(e.contains("out of range") && e.contains("67108864"), "{e}");
     }
 }

@@ -15,7 +15,7 @@ use fmx_transport::credit::{mailbox, Class, CreditConfig, Gate, PeerCredits};
 use fmx_transport::liveness::{host_identity, PeerLife};
 use fmx_transport::own::{OwnQueue, OWN_SLOTS};
 use fmx_transport::pool::{HugePages, Lease, Pool, PoolConfig, RegistrationHook};
-use fmx_transport::settings::{env_number, env_positive};
+use fmx_transport::settings::{env_limited, env_number, env_positive, limits};
 use fmx_transport::{
     Endpoint, MsgHeader, MsgKind, OpStatus, PeerId, PeerState, ReceiveMemory, RegistrationStats, RemoteKey, SendOutcome, TransportError,
     HEADER_BYTES,
@@ -104,10 +104,10 @@ impl OfiConfig {
                 let names: Vec<&str> = d.split(',').map(str::trim).filter(|n| !n.is_empty()).collect();
                 (!names.is_empty()).then(|| names[rank as usize % names.len()].to_owned())
             }),
-            pool: env_positive("FMX_POOL_SLOTS")?.map_or(DEFAULT_POOL_SLOTS, |n| n as u32),
-            slot_bytes: env_positive("FMX_SLOT_BYTES")?.unwrap_or(DEFAULT_SLOT_BYTES).max(HEADER_BYTES + 8),
-            newcomer: env_positive("FMX_NEWCOMER_CREDITS")?.map_or(DEFAULT_NEWCOMER_CREDITS, |n| n as u32),
-            threshold: env_positive("FMX_CREDIT_THRESHOLD")?.map(|n| n as u32),
+            pool: env_limited("FMX_POOL_SLOTS", limits::POOL_SLOTS)?.map_or(DEFAULT_POOL_SLOTS, |n| n as u32),
+            slot_bytes: env_limited("FMX_SLOT_BYTES", limits::SLOT_BYTES)?.unwrap_or(DEFAULT_SLOT_BYTES),
+            newcomer: env_limited("FMX_NEWCOMER_CREDITS", limits::NEWCOMER_CREDITS)?.map_or(DEFAULT_NEWCOMER_CREDITS, |n| n as u32),
+            threshold: env_limited("FMX_CREDIT_THRESHOLD", limits::CREDIT_THRESHOLD)?.map(|n| n as u32),
             piece: env_number("FMX_OFI_PIECE")?.unwrap_or(DEFAULT_PIECE).max(4096),
             rma: env_number("FMX_OFI_RMA")?.is_none_or(|n| n != 0),
             ctrl_slots: env_positive("FMX_OFI_CTRL_SLOTS")?,

@@ -46,15 +46,19 @@ impl ShmConfig {
     /// names every transport reads, `FMX_POOL_SLOTS`, `FMX_SLOT_BYTES`),
     /// `FMX_NEWCOMER_CREDITS`, `FMX_CREDIT_THRESHOLD` and `FMX_SHM_DIR`.
     pub fn from_env(job: &str, rank: u32, size: u32) -> Result<Self, TransportError> {
-        let num = fmx_transport::settings::env_positive;
+        use fmx_transport::settings::{env_limited as num, limits};
         Ok(Self {
             job: job.to_owned(),
             rank,
             size,
-            pool: num("FMX_SHM_POOL_SLOTS")?.or(num("FMX_POOL_SLOTS")?).map_or(DEFAULT_POOL_SLOTS, |n| n as u32),
-            slot_bytes: num("FMX_SHM_SLOT_BYTES")?.or(num("FMX_SLOT_BYTES")?).unwrap_or(DEFAULT_SLOT_BYTES),
-            newcomer: num("FMX_NEWCOMER_CREDITS")?.map_or(DEFAULT_NEWCOMER_CREDITS, |n| n as u32),
-            threshold: num("FMX_CREDIT_THRESHOLD")?.map(|n| n as u32),
+            pool: num("FMX_SHM_POOL_SLOTS", limits::POOL_SLOTS)?
+                .or(num("FMX_POOL_SLOTS", limits::POOL_SLOTS)?)
+                .map_or(DEFAULT_POOL_SLOTS, |n| n as u32),
+            slot_bytes: num("FMX_SHM_SLOT_BYTES", limits::SLOT_BYTES)?
+                .or(num("FMX_SLOT_BYTES", limits::SLOT_BYTES)?)
+                .unwrap_or(DEFAULT_SLOT_BYTES),
+            newcomer: num("FMX_NEWCOMER_CREDITS", limits::NEWCOMER_CREDITS)?.map_or(DEFAULT_NEWCOMER_CREDITS, |n| n as u32),
+            threshold: num("FMX_CREDIT_THRESHOLD", limits::CREDIT_THRESHOLD)?.map(|n| n as u32),
             dir: shm_dir(),
         })
     }

@@ -57,6 +57,33 @@ fn setup_err(what: String) -> impl FnOnce(std::io::Error) -> TransportError {
     move |source| TransportError::Setup { what, source }
 }
 
+/// Sizes the segment and reserves its space: a tmpfs file whose size is only
+/// set would let the first store into an unbacked page kill the process with
+/// SIGBUS when `/dev/shm` is full. A full filesystem is an error at init
+/// instead, naming the directory, the bytes needed and the bytes free.
+fn reserve(file: &std::fs::File, path: &Path, bytes: u64) -> Result<(), TransportError> {
+    match rustix::fs::fallocate(file, rustix::fs::FallocateFlags::empty(), 0, bytes) {
+        Ok(()) => Ok(()),
+        // A filesystem without fallocate (rare for tmpfs): the size alone.
+        Err(rustix::io::Errno::OPNOTSUPP) => {
+            file.set_len(bytes).map_err(setup_err(format!("sizing shm segment {} to {bytes} bytes", path.display())))
+        }
+        Err(e) => {
+            let dir = path.parent().unwrap_or(Path::new("/"));
+            let free = rustix::fs::statvfs(dir).map_or_else(|_| "unknown".to_string(), |s| (s.f_bavail * s.f_frsize).to_string());
+            Err(TransportError::Setup {
+                what: format!(
+                    "reserving {bytes} bytes for shm segment {} in {} ({free} bytes free there; raise the size of {}, or lower FMX_POOL_SLOTS or FMX_SLOT_BYTES)",
+                    path.display(),
+                    dir.display(),
+                    dir.display()
+                ),
+                source: e.into(),
+            })
+        }
+    }
+}
+
 impl Segment {
     /// Creates and maps this process's segment (fails if the file exists).
     pub fn create(path: PathBuf, rank: u32, layout: Layout) -> Result<Self, TransportError> {
@@ -67,11 +94,10 @@ impl Segment {
             .mode(0o600)
             .open(&path)
             .map_err(setup_err(format!("creating shm segment {}", path.display())))?;
-        file.set_len(layout.segment_bytes() as u64).map_err(setup_err(format!(
-            "sizing shm segment {} to {} bytes",
-            path.display(),
-            layout.segment_bytes()
-        )))?;
+        if let Err(e) = reserve(&file, &path, layout.segment_bytes() as u64) {
+            let _ = std::fs::remove_file(&path);
+            return Err(e);
+        }
         // SAFETY: the file was just created by us with O_EXCL and mode 0600; other
         // processes of the job map it too, which is the point: every shared word is
         // accessed atomically or under the slot protocol (see `ring`), never through

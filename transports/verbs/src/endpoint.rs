@@ -12,7 +12,7 @@ use fmx_transport::credit::{Class, CreditConfig, Gate, PeerCredits};
 use fmx_transport::liveness::PeerLife;
 use fmx_transport::own::{OwnQueue, OWN_SLOTS};
 use fmx_transport::pool::{HugePages, Lease, Pool, PoolConfig, RegistrationHook};
-use fmx_transport::settings::{env_number as env_num, env_positive as positive};
+use fmx_transport::settings::{env_limited, env_number as env_num, limits};
 use fmx_transport::{
     Endpoint, MsgHeader, MsgKind, OpStatus, PeerId, PeerState, ReceiveMemory, RegistrationStats, RemoteKey, SendOutcome, TransportError,
     HEADER_BYTES,
@@ -89,10 +89,10 @@ impl VerbsConfig {
         Ok(Self {
             rank,
             size,
-            pool: positive("FMX_POOL_SLOTS")?.map_or(DEFAULT_POOL_SLOTS, |n| n as u32),
-            slot_bytes: positive("FMX_SLOT_BYTES")?.unwrap_or(DEFAULT_SLOT_BYTES).max(HEADER_BYTES + 8),
-            newcomer: positive("FMX_NEWCOMER_CREDITS")?.map_or(DEFAULT_NEWCOMER_CREDITS, |n| n as u32),
-            threshold: positive("FMX_CREDIT_THRESHOLD")?.map(|n| n as u32),
+            pool: env_limited("FMX_POOL_SLOTS", limits::POOL_SLOTS)?.map_or(DEFAULT_POOL_SLOTS, |n| n as u32),
+            slot_bytes: env_limited("FMX_SLOT_BYTES", limits::SLOT_BYTES)?.unwrap_or(DEFAULT_SLOT_BYTES),
+            newcomer: env_limited("FMX_NEWCOMER_CREDITS", limits::NEWCOMER_CREDITS)?.map_or(DEFAULT_NEWCOMER_CREDITS, |n| n as u32),
+            threshold: env_limited("FMX_CREDIT_THRESHOLD", limits::CREDIT_THRESHOLD)?.map(|n| n as u32),
             srq: env_num("FMX_VERBS_SRQ")?.is_none_or(|n| n != 0),
             inline: env_num("FMX_VERBS_INLINE")?.map_or(INLINE_BUF as u32, |n| n as u32),
             bounce_max: env_num("FMX_VERBS_BOUNCE_MAX")?.unwrap_or(DEFAULT_BOUNCE_MAX),
