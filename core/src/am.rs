@@ -170,17 +170,14 @@ impl<'c> ActiveMessages<'c> {
 
     /// Like [`ActiveMessages::begin_message`], extracting (and running handlers) until there is credit.
     pub fn begin_message_blocking(&self, dest: u32, len: usize, handler: u32) -> Result<Stream<'_, 'c>> {
-        let mut spins = 0u32;
-        loop {
+        let w = self.check(dest, handler)?;
+        self.comm.retry_until(&crate::engine::WaitsOn::Peer(w), "waiting for credit to begin an active message", || {
             if let Some(s) = self.begin_message(dest, len, handler)? {
-                return Ok(s);
+                return Ok(Some(s));
             }
             self.extract(usize::MAX)?;
-            spins += 1;
-            if spins > 64 {
-                std::thread::yield_now();
-            }
-        }
+            Ok(None)
+        })
     }
 
     fn send_now(&self, dest: u32, handler: u32, data: Vec<u8>) -> Result<()> {

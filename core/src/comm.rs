@@ -22,6 +22,10 @@ pub(crate) struct Shared {
     pub(crate) in_handler: Cell<bool>,
     /// Highest context id in use by this process (contexts come in pairs).
     pub(crate) max_ctx: Cell<u32>,
+    /// `FMX_CHECK=collectives`: every collective agrees on its call first.
+    pub(crate) check_colls: bool,
+    /// Inside a collective (the collectives it calls are not checked again).
+    pub(crate) in_coll: Cell<bool>,
 }
 
 impl Shared {
@@ -96,6 +100,19 @@ pub struct Comm {
     pub(crate) members: Members,
     /// World rank -> communicator rank (or `NOT_MEMBER`).
     pub(crate) world_to_comm: Rc<[u32]>,
+    /// The topology attached (only a [`crate::DistGraphComm`]'s own communicator has one).
+    pub(crate) topology: Topology,
+    /// Collectives called on this communicator so far (the checking mode compares them).
+    pub(crate) coll_calls: Cell<u64>,
+}
+
+/// The topology of a communicator, as `MPI_Topo_test` reports it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Topology {
+    /// None (`MPI_UNDEFINED`).
+    Undefined,
+    /// A distributed graph (`MPI_DIST_GRAPH`): the communicator of a [`crate::DistGraphComm`].
+    DistGraph,
 }
 
 impl std::fmt::Debug for Comm {
@@ -113,7 +130,22 @@ impl Comm {
         }
         let rank = world_to_comm[me as usize];
         sh.max_ctx.set(sh.max_ctx.get().max(ctx + 1));
-        Self { sh, ctx, rank, members: members.into(), world_to_comm: world_to_comm.into() }
+        Self {
+            sh,
+            ctx,
+            rank,
+            members: members.into(),
+            world_to_comm: world_to_comm.into(),
+            topology: Topology::Undefined,
+            coll_calls: Cell::new(0),
+        }
+    }
+
+    /// The topology attached to this communicator (`MPI_Topo_test`): a
+    /// [`crate::DistGraphComm`] reports [`Topology::DistGraph`], through a
+    /// `&Comm` too.
+    pub fn topology(&self) -> Topology {
+        self.topology
     }
 
     /// This process's rank.
@@ -177,11 +209,12 @@ impl Comm {
     /// Rewrites world ranks in an error into this communicator's ranks.
     pub(crate) fn localize(&self, e: Error) -> Error {
         match e {
-            Error::PeerGone { world_rank, during, reason, .. } => Error::PeerGone {
+            Error::PeerGone { world_rank, during, reason, pending, .. } => Error::PeerGone {
                 rank: self.world_to_comm.get(world_rank as usize).copied().unwrap_or(NOT_MEMBER),
                 world_rank,
                 during,
                 reason,
+                pending,
             },
             e => e,
         }
@@ -248,7 +281,7 @@ impl Comm {
             let lent = lender.lend_mut(bytemuck::cast_slice_mut(buf));
             let mut e = self.sh.engine.borrow_mut();
             let mut lend = self.sh.lend.borrow_mut();
-            let id = e.start_recv(&mut lend, ctx, s, t, lent, waits_on).map_err(|err| self.localize(err))?;
+            let id = e.start_recv(&mut lend, ctx, s, t, lent, waits_on, false).map_err(|err| self.localize(err))?;
             self.finish_blocking(&mut e, &mut lend, id, std::mem::size_of::<T>())
         })
     }
@@ -256,7 +289,7 @@ impl Comm {
     fn finish_blocking(&self, e: &mut Engine, lend: &mut LendTable, id: crate::engine::ReqId, elem_size: usize) -> Result<Status> {
         if let Err(err) = e.wait(lend, id) {
             e.discard(id);
-            return Err(self.localize(err));
+            return Err(self.localize(err.settled()));
         }
         match e.take(id) {
             Some(Ok(raw)) => self.status(raw, elem_size),
@@ -297,35 +330,33 @@ impl Comm {
     pub fn probe(&self, src: impl Into<Source>, tag: impl Into<Tag>) -> Result<Status> {
         let (src, tag) = (src.into(), tag.into());
         let (_, waits_on) = self.source_filter(src)?;
-        let mut spins = 0u32;
-        let started = std::time::Instant::now();
-        loop {
-            if let Some(st) = self.iprobe(src, tag)? {
-                return Ok(st);
-            }
-            spins += 1;
-            if spins > 128 {
-                std::thread::yield_now();
-                if started.elapsed() > std::time::Duration::from_millis(20) && spins % 64 == 0 {
-                    if let Err(e) = self.probe_liveness(&waits_on) {
-                        // What the peer sent before going may still be in our slots.
-                        return self.iprobe(src, tag)?.ok_or(e);
-                    }
-                }
-            }
-        }
+        self.retry_until(&waits_on, "probing", || self.iprobe(src, tag))
     }
 
-    fn probe_liveness(&self, waits_on: &WaitsOn) -> Result<()> {
-        let departed = self.sh.engine.borrow_mut().departed(waits_on);
-        match departed {
-            None => Ok(()),
-            Some((w, state)) => Err(self.localize(Error::PeerGone {
-                rank: w,
-                world_rank: w,
-                during: "probing".into(),
-                reason: crate::engine::gone_reason(state),
-            })),
+    /// Calls `attempt` (which drives progress) until it gives a value: spins
+    /// a little, then yields the core, and checks the peers of `waits_on`
+    /// every 20 ms of trying, so that a departed peer or the job's failure
+    /// ends the wait with an error (after one last attempt: what the peer
+    /// sent before going may have arrived).
+    pub(crate) fn retry_until<T>(&self, waits_on: &WaitsOn, during: &str, mut attempt: impl FnMut() -> Result<Option<T>>) -> Result<T> {
+        let mut spins = 0u32;
+        let mut last_check = std::time::Instant::now();
+        loop {
+            if let Some(v) = attempt()? {
+                return Ok(v);
+            }
+            spins += 1;
+            if spins < 64 {
+                continue;
+            }
+            std::thread::yield_now();
+            if last_check.elapsed() >= std::time::Duration::from_millis(20) {
+                last_check = std::time::Instant::now();
+                let blocked = self.sh.engine.borrow_mut().blocked(waits_on, during);
+                if let Some(e) = blocked {
+                    return attempt()?.ok_or_else(|| self.localize(e));
+                }
+            }
         }
     }
 
@@ -346,11 +377,21 @@ impl Comm {
         Ok(ctx)
     }
 
-    /// A communicator with the same group and a fresh, isolated tag space (collective).
+    /// A communicator with the same group and a fresh, isolated tag space
+    /// (collective). It carries no topology: a graph communicator's dup is
+    /// [`crate::DistGraphComm::dup`], which keeps it (`g.dup()` calls that one).
     pub fn dup(&self) -> Result<Comm> {
         self.sh.check_live("dup")?;
         let ctx = self.agree_context()?;
-        Ok(Comm { sh: self.sh.clone(), ctx, rank: self.rank, members: self.members.clone(), world_to_comm: self.world_to_comm.clone() })
+        Ok(Comm {
+            sh: self.sh.clone(),
+            ctx,
+            rank: self.rank,
+            members: self.members.clone(),
+            world_to_comm: self.world_to_comm.clone(),
+            topology: Topology::Undefined,
+            coll_calls: Cell::new(0),
+        })
     }
 
     /// Splits by `color` (ranks with equal color form a communicator, ordered by

@@ -55,15 +55,34 @@ pub enum Error {
         elem_size: usize,
     },
     /// A peer process is gone while an operation needed it.
-    #[error("rank {rank} (world rank {world_rank}) is gone while {during}: {reason}")]
+    ///
+    /// With `pending` (ULFM's `MPI_ERR_PROC_FAILED_PENDING`) the operation is
+    /// a receive from any source that other members may still complete: a
+    /// [`crate::Scope::wait_mut`] may wait for it again, and it reports each
+    /// departed member once.
+    #[error("{} is gone while {during}: {reason}{}", who(*rank, *world_rank), if *pending { " (the receive from any source is still pending: it may be waited for again)" } else { "" })]
     PeerGone {
-        /// Rank in the communicator of the operation.
+        /// Rank in the communicator of the operation (`u32::MAX` when the
+        /// rank is not a member of it).
         rank: u32,
         /// Rank in the world.
         world_rank: u32,
         /// What we were doing.
         during: String,
         /// How it was noticed.
+        reason: String,
+        /// The operation is still pending (a wildcard receive).
+        pending: bool,
+    },
+    /// The job is failing because of a process this operation does not name
+    /// (a rank of another world of a malleable job), or its launcher is gone.
+    #[error("the job is failing while {during}: {who} {reason}")]
+    JobFailed {
+        /// What we were doing.
+        during: String,
+        /// Which process failed first ("rank 2 of world 1", "the launcher (fmxrun)").
+        who: String,
+        /// What happened to it.
         reason: String,
     },
     /// The library was finalized.
@@ -89,7 +108,7 @@ pub enum Error {
     },
     /// The transport failed.
     #[error("transport: {0}")]
-    Transport(#[from] TransportError),
+    Transport(TransportError),
     /// A request handle that does not belong to this scope or was already completed.
     #[error("request {0} is not pending in this scope")]
     StaleRequest(u32),
@@ -123,6 +142,39 @@ pub enum Error {
     /// A reconfiguration (spawn, redistribution, checkpoint) failed.
     #[error("reconfiguration: {0}")]
     Reconfig(String),
+}
+
+impl From<TransportError> for Error {
+    /// A peer the transport found gone is [`Error::PeerGone`] like any other.
+    fn from(e: TransportError) -> Self {
+        match e {
+            TransportError::PeerGone { peer, reason } => {
+                Self::PeerGone { rank: peer, world_rank: peer, during: "a transport operation".into(), reason, pending: false }
+            }
+            e => Self::Transport(e),
+        }
+    }
+}
+
+impl Error {
+    /// The error as a finished operation reports it: a wildcard receive
+    /// that was given up is no longer pending.
+    pub(crate) fn settled(self) -> Self {
+        match self {
+            Self::PeerGone { rank, world_rank, during, reason, .. } => Self::PeerGone { rank, world_rank, during, reason, pending: false },
+            e => e,
+        }
+    }
+}
+
+fn who(rank: u32, world_rank: u32) -> String {
+    if rank == u32::MAX {
+        format!("world rank {world_rank} (not in this communicator)")
+    } else if rank == world_rank {
+        format!("rank {rank}")
+    } else {
+        format!("rank {rank} (world rank {world_rank})")
+    }
 }
 
 /// `Result` with [`Error`].

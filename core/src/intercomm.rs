@@ -221,11 +221,12 @@ impl Intercomm {
     /// Errors name the remote group, so a dead peer reads as "remote rank r".
     pub(crate) fn name_remote(e: Error) -> Error {
         match e {
-            Error::PeerGone { rank, world_rank, during, reason } => Error::PeerGone {
+            Error::PeerGone { rank, world_rank, during, reason, pending } => Error::PeerGone {
                 rank,
                 world_rank,
                 during: format!("{during} (over an intercommunicator; {rank} is a remote rank)"),
                 reason,
+                pending,
             },
             e => e,
         }
@@ -233,8 +234,16 @@ impl Intercomm {
 }
 
 impl Drop for Intercomm {
+    /// Closes the bridge, except while the thread panics: the process is
+    /// failing, and the other world may wait for it (fmxrun tells it).
     fn drop(&mut self) {
-        let _ = self.close();
+        if std::thread::panicking() {
+            if let Some(b) = self.bridge.take() {
+                crate::abort_shared(&b.sh, "panicked");
+            }
+        } else {
+            let _ = self.close();
+        }
     }
 }
 

@@ -36,8 +36,19 @@
 //! communicators are single-threaded (`!Send`).
 //!
 //! ## Cleanup
-//! [`Fmx::finalize`] waits for every rank (a barrier through the launcher),
-//! then closes the transport; dropping [`Fmx`] finalizes too, ignoring errors.
+//! [`Fmx::finalize`] tells the peers, then waits for every rank (a barrier
+//! through the launcher); dropping [`Fmx`] finalizes too, ignoring errors,
+//! except while the thread panics: then it tells the launcher and waits for
+//! nobody.
+//!
+//! ## Failures
+//! A peer that dies, panics or finalizes while an operation waits for it is
+//! an error naming it ([`Error::PeerGone`]). Under fmxrun the job's first
+//! failure is also sent to every rank: any wait that idles after it fails
+//! with an error naming that rank, even a wait on a live peer, and fmxrun
+//! ends the job after its kill grace. A receive from any source reports a
+//! departed member as soon as it is gone, and may be waited for again
+//! ([`Scope::wait_mut`]).
 //! Shared-memory files are removed as soon as every rank has mapped them.
 //!
 //! ## Graph topologies
@@ -69,6 +80,7 @@ mod coll;
 mod comm;
 mod engine;
 mod error;
+mod failure;
 mod intercomm;
 mod join;
 pub mod launcher;
@@ -85,10 +97,10 @@ use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-pub use bootstrap::SpawnRequest;
+pub use bootstrap::{SpawnRequest, ENV_BOOT_TIMEOUT};
 pub use coll::{Op, Reduce};
-pub use comm::Comm;
 pub use comm::SendAttempt;
+pub use comm::{Comm, Topology};
 pub use error::{Error, Result};
 pub use fmx_transport::{ReceiveMemory, RegistrationStats};
 pub use intercomm::{Intercomm, Side};
@@ -132,6 +144,7 @@ pub fn init_with(opts: InitOptions) -> Result<Fmx> {
         if !opts.defer_join {
             f.wait_for_join(f.world.size())?;
             f.reallocate_credits()?;
+            f.world.agree_on_checking()?;
         }
         Ok(f)
     });
@@ -159,31 +172,48 @@ pub(crate) fn open_world(mut boot: bootstrap::Bootstrap, local_ranks: usize) -> 
     let tp = select::open(&mut boot)?;
     let size = boot.size();
     let cores = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
+    let link = boot.link();
     let sh = Rc::new(comm::Shared {
-        engine: RefCell::new(engine::Engine::new(tp, local_ranks > cores)),
+        engine: RefCell::new(engine::Engine::new(tp, local_ranks > cores, link)),
         lend: RefCell::new(fmx_transport::lend::LendTable::new()),
         boot: RefCell::new(boot),
         finalized: Cell::new(false),
         in_handler: Cell::new(false),
         max_ctx: Cell::new(1),
+        check_colls: coll::check::enabled_from_env()?,
+        in_coll: Cell::new(false),
     });
     comm::register_engine(&sh);
     Ok(Comm::new(sh, 0, (0..size).collect(), size))
 }
 
-/// Finalizes one engine: drains queued sends, waits for every rank through
-/// the launcher, closes the transport.
+/// Finalizes one engine: drains queued sends, tells the peers (a peer still
+/// waiting for a message from us gets an error at once instead of waiting
+/// for ever), waits for every rank through the launcher.
 pub(crate) fn finalize_shared(sh: &comm::Shared) -> Result<()> {
     if sh.finalized.get() {
         return Ok(());
     }
     // Drain sends that still wait for credits: peers may need them to finish.
-    sh.engine.borrow_mut().drain_queued(&mut sh.lend.borrow_mut())?;
+    let drained = sh.engine.borrow_mut().drain_queued(&mut sh.lend.borrow_mut());
     sh.finalized.set(true);
-    let r = sh.boot.borrow_mut().finalize();
     use fmx_transport::Endpoint;
-    sh.engine.borrow_mut().tp.finalize()?;
+    let announced = sh.engine.borrow_mut().tp.finalize();
+    drained?;
+    let r = sh.boot.borrow_mut().finalize();
+    announced?;
     r
+}
+
+/// Leaves without finalizing (the process is failing: it panicked): tells
+/// the launcher, so every rank learns it at once, and waits for nobody.
+pub(crate) fn abort_shared(sh: &comm::Shared, why: &str) {
+    if sh.finalized.replace(true) {
+        return;
+    }
+    if let Ok(b) = sh.boot.try_borrow() {
+        b.abort(why);
+    }
 }
 
 impl Fmx {
@@ -262,19 +292,30 @@ impl Fmx {
         self.world.sh.engine.borrow().tp.receive_memory()
     }
 
-    /// Waits for every rank, then shuts the transport down. Communicators
-    /// answer [`Error::Finalized`] afterwards.
-    pub fn finalize(mut self) -> Result<()> {
+    /// Tells the peers, waits for every rank, then shuts the transport down.
+    /// Communicators answer [`Error::Finalized`] afterwards. Callable through
+    /// a shared reference, so that an `Fmx` kept in a `static` is finalized
+    /// too: under fmxrun a rank that exits without finalizing while others
+    /// run fails the job (as under Open MPI's mpirun).
+    pub fn finalize(&self) -> Result<()> {
         self.finalize_inner()
     }
 
-    fn finalize_inner(&mut self) -> Result<()> {
+    fn finalize_inner(&self) -> Result<()> {
         finalize_shared(&self.world.sh).map_err(|e| self.world.localize(e))
     }
 }
 
 impl Drop for Fmx {
+    /// Finalizes (ignoring errors), except while the thread panics: then
+    /// the process is failing, and waiting for the others in a finalize
+    /// would hang the job (they may wait for a message from us). fmxrun
+    /// then tells every rank that this one panicked.
     fn drop(&mut self) {
-        let _ = self.finalize_inner();
+        if std::thread::panicking() {
+            abort_shared(&self.world.sh, "panicked");
+        } else {
+            let _ = self.finalize_inner();
+        }
     }
 }

@@ -6,8 +6,9 @@ use std::marker::PhantomData;
 use bytemuck::Pod;
 use fmx_transport::lend::Lender;
 
+use crate::coll::util::coll_name;
 use crate::comm::Comm;
-use crate::engine::{ReqId, WaitsOn};
+use crate::engine::{RawStatus, ReqId, WaitsOn};
 use crate::error::{Error, Result};
 use crate::status::{Source, Status, Tag};
 
@@ -19,6 +20,8 @@ use crate::status::{Source, Status, Tag};
 pub struct Request<'s> {
     id: ReqId,
     elem_size: usize,
+    /// A collective's receive: the message must fill the buffer exactly.
+    exact: bool,
     _scope: PhantomData<&'s mut &'s ()>,
 }
 
@@ -31,7 +34,9 @@ pub struct Request<'s> {
 pub struct Scope<'s, 'env> {
     comm: &'s Comm,
     lender: &'s Lender<'s, 'env>,
-    pending: RefCell<Vec<ReqId>>,
+    /// Requests not yet waited for, with their element sizes and exactness
+    /// (for the checks [`Scope::wait`] makes when the scope completes them).
+    pending: RefCell<Vec<(ReqId, usize, bool)>>,
 }
 
 impl<'s, 'env> Scope<'s, 'env> {
@@ -44,9 +49,24 @@ impl<'s, 'env> Scope<'s, 'env> {
         self.comm
     }
 
-    fn request(&self, id: ReqId, elem_size: usize) -> Request<'s> {
-        self.pending.borrow_mut().push(id);
-        Request { id, elem_size, _scope: PhantomData }
+    fn request(&self, id: ReqId, elem_size: usize, exact: bool) -> Request<'s> {
+        self.pending.borrow_mut().push((id, elem_size, exact));
+        Request { id, elem_size, exact, _scope: PhantomData }
+    }
+
+    /// The user's status of a finished operation, with the checks its kind needs.
+    fn status(&self, raw: RawStatus, elem_size: usize, exact: bool) -> Result<Status> {
+        if exact && raw.sent != raw.capacity {
+            let source = self.comm.world_to_comm.get(raw.src as usize).copied().unwrap_or(crate::comm::NOT_MEMBER);
+            return Err(Error::CollectiveMismatch {
+                op: coll_name(raw.tag),
+                detail: format!(
+                    "rank {source} sent {} bytes where this rank expects {} bytes: do all ranks pass the same counts, root and element type?",
+                    raw.sent, raw.capacity
+                ),
+            });
+        }
+        self.comm.status(raw, elem_size)
     }
 
     /// Starts sending `buf` to `dest`.
@@ -65,7 +85,7 @@ impl<'s, 'env> Scope<'s, 'env> {
             e.start_send(&lend, ctx, tag, w, lent)
         }
         .map_err(|e| self.comm.localize(e))?;
-        Ok(self.request(id, std::mem::size_of::<T>()))
+        Ok(self.request(id, std::mem::size_of::<T>(), false))
     }
 
     /// Starts receiving into `buf` from `src` with `tag` (wildcards allowed).
@@ -84,20 +104,40 @@ impl<'s, 'env> Scope<'s, 'env> {
         tag: Option<u32>,
         waits_on: WaitsOn,
     ) -> Result<Request<'s>> {
+        self.irecv_checked(ctx, buf, src, tag, waits_on, false)
+    }
+
+    fn irecv_checked<T: Pod>(
+        &self,
+        ctx: u32,
+        buf: &'env mut [T],
+        src: Option<u32>,
+        tag: Option<u32>,
+        waits_on: WaitsOn,
+        exact: bool,
+    ) -> Result<Request<'s>> {
         let lent = self.lender.lend_mut(bytemuck::cast_slice_mut(buf));
         let id = {
             let mut e = self.comm.sh.engine.borrow_mut();
             let mut lend = self.comm.sh.lend.borrow_mut();
-            e.start_recv(&mut lend, ctx, src, tag, lent, waits_on)
+            e.start_recv(&mut lend, ctx, src, tag, lent, waits_on, ctx == self.comm.coll_ctx())
         }
         .map_err(|e| self.comm.localize(e))?;
-        Ok(self.request(id, std::mem::size_of::<T>()))
+        Ok(self.request(id, std::mem::size_of::<T>(), exact))
     }
 
     /// Receive from a known communicator rank on the collective context.
     pub(crate) fn irecv_coll<T: Pod>(&self, buf: &'env mut [T], src: u32, tag: u32) -> Result<Request<'s>> {
         let w = self.comm.check_rank("collective source", src)?;
         self.irecv_ctx(self.comm.coll_ctx(), buf, Some(w), Some(tag), WaitsOn::Peer(w))
+    }
+
+    /// A collective's receive of exactly `buf.len()` elements: a shorter or
+    /// longer message means the ranks disagree on counts, root or type, and
+    /// is [`Error::CollectiveMismatch`] naming the collective and the sender.
+    pub(crate) fn irecv_exact<T: Pod>(&self, buf: &'env mut [T], src: u32, tag: u32) -> Result<Request<'s>> {
+        let w = self.comm.check_rank("collective source", src)?;
+        self.irecv_checked(self.comm.coll_ctx(), buf, Some(w), Some(tag), WaitsOn::Peer(w), true)
     }
 
     /// Send to a communicator rank on the collective context.
@@ -107,7 +147,7 @@ impl<'s, 'env> Scope<'s, 'env> {
 
     fn forget(&self, id: ReqId) -> Result<()> {
         let mut p = self.pending.borrow_mut();
-        let i = p.iter().position(|&x| x == id).ok_or(Error::StaleRequest(id.index()))?;
+        let i = p.iter().position(|&(x, _, _)| x == id).ok_or(Error::StaleRequest(id.index()))?;
         p.swap_remove(i);
         Ok(())
     }
@@ -121,13 +161,27 @@ impl<'s, 'env> Scope<'s, 'env> {
             let r = e.wait(&mut sh.lend.borrow_mut(), req.id);
             if let Err(err) = r {
                 e.discard(req.id);
-                return Err(self.comm.localize(err));
+                return Err(self.comm.localize(err.settled()));
             }
             e.take(req.id).ok_or(Error::StaleRequest(req.id.index()))?
         };
         match raw {
-            Ok(raw) => self.comm.status(raw, req.elem_size),
+            Ok(raw) => self.status(raw, req.elem_size, req.exact),
             Err(e) => Err(self.comm.localize(e)),
+        }
+    }
+
+    /// Waits for `req` without giving it up: after an error that leaves it
+    /// pending (a receive from any source whose member departed:
+    /// [`Error::PeerGone`] with `pending`), it may be waited for again, and
+    /// completes if a live member sends. Once it completed or failed for
+    /// good, the handle is spent (a further call is [`Error::StaleRequest`]).
+    pub fn wait_mut(&self, req: &mut Request<'s>) -> Result<Status> {
+        let sh = &self.comm.sh;
+        let r = sh.engine.borrow_mut().wait(&mut sh.lend.borrow_mut(), req.id);
+        match r {
+            Err(err) if sh.engine.borrow().is_pending(req.id) => Err(self.comm.localize(err)),
+            _ => self.wait(Request { id: req.id, elem_size: req.elem_size, exact: req.exact, _scope: PhantomData }),
         }
     }
 
@@ -164,34 +218,39 @@ impl<'s, 'env> Scope<'s, 'env> {
         if reqs.is_empty() {
             return Err(Error::InvalidCount { what: "wait_any", detail: "no requests given".into() });
         }
-        loop {
-            for i in 0..reqs.len() {
-                if self.test(&reqs[i])? {
-                    let r = reqs.swap_remove(i);
-                    return self.wait(r).map(|s| (i, s));
-                }
-            }
-            std::thread::yield_now();
-        }
+        let ids: Vec<ReqId> = reqs.iter().map(|r| r.id).collect();
+        let sh = &self.comm.sh;
+        let r = sh.engine.borrow_mut().wait_any(&mut sh.lend.borrow_mut(), &ids);
+        r.map_err(|e| self.comm.localize(e))?;
+        let e = sh.engine.borrow();
+        let i = ids.iter().position(|&id| !e.is_pending(id)).expect("wait_any returns once one is done");
+        drop(e);
+        let r = reqs.swap_remove(i);
+        self.wait(r).map(|s| (i, s))
     }
 
     /// Completes everything still pending; called when the scope closes.
+    /// Each is checked as [`Scope::wait`] checks it: a receive that was
+    /// truncated or got a partial element is an error here too.
     pub(crate) fn finish(&self) -> Result<()> {
-        let ids: Vec<ReqId> = std::mem::take(&mut *self.pending.borrow_mut());
+        let ids: Vec<(ReqId, usize, bool)> = std::mem::take(&mut *self.pending.borrow_mut());
         let sh = &self.comm.sh;
         let mut e = sh.engine.borrow_mut();
         let mut lend = sh.lend.borrow_mut();
         let mut first_err = None;
-        for id in ids {
+        for (id, elem_size, exact) in ids {
             if first_err.is_none() {
                 match e.wait(&mut lend, id) {
                     Ok(()) => {
-                        if let Some(Err(err)) = e.take(id) {
-                            first_err = Some(self.comm.localize(err));
-                        }
+                        let checked = match e.take(id) {
+                            Some(Ok(raw)) => self.status(raw, elem_size, exact).err(),
+                            Some(Err(err)) => Some(self.comm.localize(err)),
+                            None => None,
+                        };
+                        first_err = checked;
                         continue;
                     }
-                    Err(err) => first_err = Some(self.comm.localize(err)),
+                    Err(err) => first_err = Some(self.comm.localize(err.settled())),
                 }
             }
             e.discard(id);
@@ -209,7 +268,7 @@ impl Drop for Scope<'_, '_> {
             return;
         }
         if let Ok(mut e) = self.comm.sh.engine.try_borrow_mut() {
-            for id in ids {
+            for (id, _, _) in ids {
                 e.discard(id);
             }
         }

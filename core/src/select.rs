@@ -133,12 +133,23 @@ fn distinct(nodes: &[u32]) -> usize {
     v.len()
 }
 
+/// Where a job of the given id may leave files: each a directory and a
+/// file-name prefix, as a path (the transports name their files so).
+pub fn job_file_prefixes(job: &str) -> Vec<std::path::PathBuf> {
+    #[allow(unused_mut)]
+    let mut v = vec![fmx_shm::shm_dir().join(fmx_shm::job_prefix(job))];
+    #[cfg(feature = "ofi")]
+    v.push(fmx_ofi::job_file_prefix(job));
+    v
+}
+
 /// Removes whatever files a job of the given id may have left (launchers call this).
 pub fn cleanup_job(job: &str) -> usize {
-    let removed = fmx_shm::cleanup_job(&fmx_shm::shm_dir(), job);
-    #[cfg(feature = "ofi")]
-    let removed = removed + fmx_ofi::cleanup_job(job);
-    removed
+    job_file_prefixes(job)
+        .iter()
+        .filter_map(|p| Some((p.parent()?, p.file_name()?.to_str()?)))
+        .map(|(dir, prefix)| fmx_transport::sweep::remove_files_with_prefix(dir, prefix))
+        .sum()
 }
 
 macro_rules! dispatch {

@@ -1,4 +1,4 @@
-//! `fmxrun -n N [--transport NAME] [--bind ADDR] [-l|--label] [--kill-grace SECS] [--timeout SECS] PROGRAM ARGS...`
+//! `fmxrun -n N [--transport NAME] [--bind ADDR] [-l|--label] [--kill-grace SECS] [--timeout SECS] [--keep-going] PROGRAM ARGS...`
 //!
 //! Starts N ranks of PROGRAM on this host; see `fmx::launcher`.
 
@@ -6,7 +6,7 @@ use std::ffi::OsString;
 use std::time::Duration;
 
 const USAGE: &str =
-    "usage: fmxrun -n N [--transport auto|shm|verbs|ofi] [--bind ADDR] [-l|--label] [--kill-grace SECS] [--timeout SECS] PROGRAM [ARGS...]";
+    "usage: fmxrun -n N [--transport auto|shm|verbs|ofi] [--bind ADDR] [-l|--label] [--kill-grace SECS] [--timeout SECS] [--keep-going] PROGRAM [ARGS...]";
 
 fn parse(mut args: impl Iterator<Item = OsString>) -> Result<fmx::launcher::Launch, String> {
     let mut np = None;
@@ -15,20 +15,28 @@ fn parse(mut args: impl Iterator<Item = OsString>) -> Result<fmx::launcher::Laun
     let mut grace = Duration::from_secs(2);
     let mut timeout = None;
     let mut bind = None;
+    let mut keep_going = false;
     let secs = |v: Option<OsString>, what: &str| -> Result<Duration, String> {
         let v = v.ok_or_else(|| format!("{what} needs a value"))?;
         let s = v.to_string_lossy();
+        let max = fmx::launcher::MAX_SECONDS;
         s.parse::<f64>()
             .ok()
-            .filter(|x| x.is_finite() && *x >= 0.0)
+            .filter(|x| x.is_finite() && *x >= 0.0 && *x <= max)
             .map(Duration::from_secs_f64)
-            .ok_or_else(|| format!("{what}: {s:?} is not a number of seconds"))
+            .ok_or_else(|| format!("{what}: {s:?} is not a number of seconds from 0 to {max}"))
     };
     while let Some(a) = args.next() {
         match a.to_str() {
             Some("-n" | "-np") => {
                 let v = args.next().ok_or("-n needs a number")?;
-                let n = v.to_string_lossy().parse::<u32>().map_err(|_| format!("-n: {v:?} is not a number"))?;
+                let max = fmx::launcher::MAX_RANKS;
+                let n = v
+                    .to_string_lossy()
+                    .parse::<u32>()
+                    .ok()
+                    .filter(|n| (1..=max).contains(n))
+                    .ok_or_else(|| format!("-n: {v:?} is not a number of ranks from 1 to {max}"))?;
                 np = Some(n);
             }
             Some("--transport") => transport = Some(args.next().ok_or("--transport needs a name")?.to_string_lossy().into_owned()),
@@ -37,6 +45,7 @@ fn parse(mut args: impl Iterator<Item = OsString>) -> Result<fmx::launcher::Laun
                 bind = Some(v.to_string_lossy().parse().map_err(|_| format!("--bind: {v:?} is not an IP address"))?);
             }
             Some("-l" | "--label") => label = true,
+            Some("--keep-going") => keep_going = true,
             Some("--kill-grace") => grace = secs(args.next(), "--kill-grace")?,
             Some("--timeout") => timeout = Some(secs(args.next(), "--timeout")?),
             Some("-h" | "--help") => return Err(USAGE.into()),
@@ -49,6 +58,7 @@ fn parse(mut args: impl Iterator<Item = OsString>) -> Result<fmx::launcher::Laun
                 l.label = label;
                 l.kill_grace = grace;
                 l.timeout = timeout;
+                l.keep_going = keep_going;
                 if let Some(b) = bind {
                     l.bind = b;
                 }

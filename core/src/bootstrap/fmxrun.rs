@@ -1,29 +1,53 @@
-//! The client side of fmxrun's out-of-band exchange (TCP on 127.0.0.1).
+//! The client side of fmxrun's out-of-band exchange (TCP on 127.0.0.1), and
+//! the link through which fmxrun's failure notice reaches the engine.
 
-use std::io::BufReader;
+use std::cell::RefCell;
 use std::net::TcpStream;
-use std::time::Duration;
+use std::os::fd::AsFd;
+use std::rc::Rc;
+use std::time::{Duration, Instant};
 
-use super::wire::{self, OP_ALLGATHER, OP_BARRIER, OP_FINALIZE, OP_HELLO, OP_SPAWN};
+use super::wire::{self, Notice, OP_ABORT, OP_ALLGATHER, OP_BARRIER, OP_ERROR, OP_FINALIZE, OP_HELLO, OP_NOTICE, OP_SPAWN};
 use crate::error::{Error, Result};
+use crate::failure::Failure;
 
 /// `host:port` of fmxrun's rendezvous server.
 pub const ENV_RENDEZVOUS: &str = "FMX_RENDEZVOUS";
 
-/// How long a bootstrap round may take before we give up (a rank that never
-/// arrives must not hang the others forever).
-const ROUND_TIMEOUT: Duration = Duration::from_secs(120);
+/// Seconds a start-up round (hello, address exchange, barrier) may take, and
+/// any one answer once it has begun to arrive.
+pub const ENV_BOOT_TIMEOUT: &str = "FMX_BOOT_TIMEOUT";
+const DEFAULT_BOOT_TIMEOUT: Duration = Duration::from_secs(120);
+/// The largest `FMX_BOOT_TIMEOUT` accepted (a day).
+const MAX_BOOT_TIMEOUT: f64 = 86_400.0;
 
 pub(crate) struct Client {
     pub(crate) rank: u32,
     pub(crate) size: u32,
     pub(crate) job: String,
-    stream: BufReader<TcpStream>,
+    link: Rc<Link>,
+    boot_timeout: Duration,
 }
 
+/// The connection to fmxrun. Besides the rounds, fmxrun sends the job's
+/// first failure on it at any time ([`Link::failure`] looks, never waiting).
+pub(crate) struct Link {
+    stream: TcpStream,
+    failure: RefCell<Option<Failure>>,
+}
+
+/// A number of the environment, range-checked, with errors naming it.
 fn env_u32(name: &str) -> Result<u32> {
     let v = std::env::var(name).map_err(|_| Error::Bootstrap(format!("{name} is not set (fmxrun sets it)")))?;
-    v.parse().map_err(|_| Error::Bootstrap(format!("{name}={v:?} is not a number")))
+    v.trim().parse().map_err(|_| Error::Bootstrap(format!("{name}={v:?} is not a number from 0 to {}", u32::MAX)))
+}
+
+/// `FMX_BOOT_TIMEOUT` in seconds (default 120).
+pub(crate) fn boot_timeout() -> Result<Duration> {
+    let Ok(v) = std::env::var(ENV_BOOT_TIMEOUT) else { return Ok(DEFAULT_BOOT_TIMEOUT) };
+    v.trim().parse::<f64>().ok().filter(|s| *s > 0.0 && *s <= MAX_BOOT_TIMEOUT).map(Duration::from_secs_f64).ok_or_else(|| {
+        Error::Bootstrap(format!("{ENV_BOOT_TIMEOUT}={v:?} is not a number of seconds above 0 and at most {MAX_BOOT_TIMEOUT}"))
+    })
 }
 
 impl Client {
@@ -40,32 +64,65 @@ impl Client {
 
     /// Joins the group served at `addr` as `rank` of `size`.
     pub(crate) fn connect(addr: &str, rank: u32, size: u32, job: String) -> Result<Self> {
+        let boot_timeout = boot_timeout()?;
         let io = |what: String| move |source| Error::BootstrapIo { what, source };
-        let stream = TcpStream::connect(addr).map_err(io(format!("connecting to fmxrun at {addr}")))?;
+        let sockaddr: std::net::SocketAddr =
+            addr.parse().map_err(|_| Error::Bootstrap(format!("{ENV_RENDEZVOUS}={addr:?} is not an address such as 127.0.0.1:4000")))?;
+        let stream = TcpStream::connect_timeout(&sockaddr, boot_timeout).map_err(io(format!("connecting to fmxrun at {addr}")))?;
         stream.set_nodelay(true).map_err(io("TCP_NODELAY".into()))?;
-        stream.set_read_timeout(Some(ROUND_TIMEOUT)).map_err(io("read timeout".into()))?;
-        let mut c = Self { rank, size, job, stream: BufReader::new(stream) };
+        stream.set_write_timeout(Some(boot_timeout)).map_err(io("write timeout".into()))?;
+        let link = Rc::new(Link { stream, failure: RefCell::new(None) });
+        let c = Self { rank, size, job, link, boot_timeout };
         let mut hello = Vec::new();
         for v in [rank, size, std::process::id()] {
             hello.extend_from_slice(&v.to_le_bytes());
         }
-        c.round(OP_HELLO, &hello, "hello")?;
+        // Every rank of the group must have arrived within the start-up timeout.
+        c.round(OP_HELLO, &hello, "hello", true)?;
         Ok(c)
     }
 
-    fn round(&mut self, op: u8, body: &[u8], what: &str) -> Result<Vec<u8>> {
-        let err =
-            |source: std::io::Error| Error::BootstrapIo { what: format!("{what} round with fmxrun (another rank may have died)"), source };
-        wire::write_frame(self.stream.get_mut(), op, body).map_err(err)?;
-        let (rop, reply) = wire::read_frame(&mut self.stream).map_err(err)?;
-        if rop != op {
-            return Err(Error::Bootstrap(format!("fmxrun answered op {rop:?} to {what}")));
+    /// The link the engine watches for the job's failure notice.
+    pub(crate) fn link(&self) -> Rc<Link> {
+        self.link.clone()
+    }
+
+    /// One round: our frame, then fmxrun's answer (or its failure notice).
+    /// `startup` rounds must be answered within the start-up timeout; the
+    /// others (finalize, spawn) wait for the slowest rank, however long it
+    /// computes, since a failure anywhere ends them with a notice.
+    fn round(&self, op: u8, body: &[u8], what: &str, startup: bool) -> Result<Vec<u8>> {
+        if let Some(f) = self.link.failure.borrow().as_ref() {
+            return Err(f.error(&format!("the {what} round with fmxrun")));
         }
-        Ok(reply)
+        let io = |source: std::io::Error| {
+            let hint = match source.kind() {
+                std::io::ErrorKind::TimedOut | std::io::ErrorKind::WouldBlock => {
+                    format!("no answer within {:?} ({ENV_BOOT_TIMEOUT}; did every rank start? is fmxrun answering?)", self.boot_timeout)
+                }
+                _ => "fmxrun closed the connection (it died, or refused us)".to_string(),
+            };
+            Error::BootstrapIo { what: format!("{what} round with fmxrun: {hint}"), source }
+        };
+        wire::write_frame(&mut &self.link.stream, op, body).map_err(io)?;
+        let first_byte_by = startup.then(|| Instant::now() + self.boot_timeout);
+        let (rop, reply) = wire::read_frame_by(&self.link.stream, first_byte_by, self.boot_timeout).map_err(io)?;
+        match rop {
+            _ if rop == op => Ok(reply),
+            OP_NOTICE => {
+                let f = Failure::from_notice(&reply)
+                    .ok_or_else(|| Error::Bootstrap(format!("fmxrun sent a malformed failure notice during {what}")))?;
+                let e = f.error(&format!("the {what} round with fmxrun"));
+                *self.link.failure.borrow_mut() = Some(f);
+                Err(e)
+            }
+            OP_ERROR => Err(Error::Bootstrap(format!("fmxrun refused our {what}: {}", String::from_utf8_lossy(&reply)))),
+            _ => Err(Error::Bootstrap(format!("fmxrun answered op {rop:?} to {what}"))),
+        }
     }
 
     pub(crate) fn allgather(&mut self, blob: &[u8]) -> Result<Vec<Vec<u8>>> {
-        let reply = self.round(OP_ALLGATHER, blob, "allgather")?;
+        let reply = self.round(OP_ALLGATHER, blob, "allgather", true)?;
         let blobs = wire::decode_blobs(&reply).ok_or_else(|| Error::Bootstrap("malformed allgather reply".into()))?;
         if blobs.len() != self.size as usize {
             return Err(Error::Bootstrap(format!("allgather returned {} blobs for {} ranks", blobs.len(), self.size)));
@@ -74,11 +131,18 @@ impl Client {
     }
 
     pub(crate) fn barrier(&mut self) -> Result<()> {
-        self.round(OP_BARRIER, &[], "barrier").map(drop)
+        self.round(OP_BARRIER, &[], "barrier", true).map(drop)
     }
 
     pub(crate) fn finalize(&mut self) -> Result<()> {
-        self.round(OP_FINALIZE, &[], "finalize").map(drop)
+        self.round(OP_FINALIZE, &[], "finalize", false).map(drop)
+    }
+
+    /// Tells fmxrun that this process is failing (best effort, never blocks
+    /// long): every rank learns it at once, before this process has exited.
+    pub(crate) fn abort(&self, why: &str) {
+        let _ = self.link.stream.set_write_timeout(Some(Duration::from_millis(200)));
+        let _ = wire::write_frame(&mut &self.link.stream, OP_ABORT, why.as_bytes());
     }
 
     /// Asks fmxrun (with every rank of the world) to start a world of `np`
@@ -87,7 +151,7 @@ impl Client {
         let mut body = np.to_le_bytes().to_vec();
         body.push(u8::from(bridge));
         body.extend_from_slice(values.as_bytes());
-        let reply = self.round(OP_SPAWN, &body, "spawn")?;
+        let reply = self.round(OP_SPAWN, &body, "spawn", false)?;
         match reply.split_first() {
             Some((0, rest)) if !bridge => rest.is_empty().then_some(None).ok_or_else(|| Error::Bootstrap("malformed spawn reply".into())),
             Some((0, rest)) => match wire::decode_blobs(rest).as_deref() {
@@ -97,5 +161,48 @@ impl Client {
             Some((_, msg)) => Err(Error::Launch(String::from_utf8_lossy(msg).into_owned())),
             None => Err(Error::Bootstrap("empty spawn reply".into())),
         }
+    }
+}
+
+impl Link {
+    /// The job's first failure, if fmxrun has told it (or has gone). Looks at
+    /// the socket without waiting: call it while idle, not per message.
+    pub(crate) fn failure(&self) -> Option<Failure> {
+        if let Some(f) = self.failure.borrow().as_ref() {
+            return Some(f.clone());
+        }
+        let f = self.look()?;
+        *self.failure.borrow_mut() = Some(f.clone());
+        Some(f)
+    }
+
+    /// A complete notice waiting on the socket (taken), or the end of the connection.
+    fn look(&self) -> Option<Failure> {
+        use rustix::net::{recv, RecvFlags};
+        let peek = RecvFlags::PEEK | RecvFlags::DONTWAIT;
+        let mut prefix = [0u8; 4];
+        match recv(self.stream.as_fd(), &mut prefix, peek) {
+            Ok((0, _)) => return Some(Failure::LauncherGone),
+            Ok((4, _)) => {}
+            Ok(_) | Err(_) => return None, // nothing (or not all of it) yet
+        }
+        let len = wire::frame_len(prefix).ok()?;
+        let mut frame = vec![0u8; 4 + len];
+        match recv(self.stream.as_fd(), &mut frame, peek) {
+            Ok((n, _)) if n == frame.len() => {}
+            _ => return None,
+        }
+        // The whole frame is there: take it (a read that cannot block).
+        let (op, body) = wire::read_frame(&mut &self.stream).ok()?;
+        match op {
+            OP_NOTICE => Failure::from_notice(&body),
+            _ => None, // nothing else arrives outside a round
+        }
+    }
+}
+
+impl Failure {
+    fn from_notice(body: &[u8]) -> Option<Self> {
+        Notice::decode(body).map(Failure::Notice)
     }
 }

@@ -9,7 +9,8 @@ mod fmxrun;
 mod pmi;
 pub(crate) mod wire;
 
-pub use fmxrun::ENV_RENDEZVOUS;
+pub(crate) use fmxrun::Link;
+pub use fmxrun::{ENV_BOOT_TIMEOUT, ENV_RENDEZVOUS};
 pub use pmi::SpawnRequest;
 
 use crate::error::{Error, Result};
@@ -88,6 +89,23 @@ impl Bootstrap {
             Self::Single => Ok(()),
             Self::Fmxrun(c) => c.finalize(),
             Self::Pmi(c) => c.finalize(),
+        }
+    }
+
+    /// Where the launcher's failure notice arrives (fmxrun only: under Hydra
+    /// and Slurm `-K` the process manager ends the job on a failure itself).
+    pub(crate) fn link(&self) -> Option<std::rc::Rc<Link>> {
+        match self {
+            Self::Fmxrun(c) => Some(c.link()),
+            Self::Single | Self::Pmi(_) => None,
+        }
+    }
+
+    /// Tells the launcher that this process is failing, so that every rank
+    /// learns it before the process has even exited (best effort).
+    pub(crate) fn abort(&self, why: &str) {
+        if let Self::Fmxrun(c) = self {
+            c.abort(why);
         }
     }
 

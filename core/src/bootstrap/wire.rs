@@ -3,9 +3,12 @@
 //! A frame is a 4-byte little-endian length followed by that many bytes; the
 //! first byte of a frame is its op. Every rank runs the same sequence of
 //! rounds (hello, allgather, barrier, finalize), so the server answers in
-//! lock step.
+//! lock step. Outside the rounds, fmxrun may send a failure notice at any
+//! time ([`OP_NOTICE`]), and a rank may announce that it is failing
+//! ([`OP_ABORT`]).
 
 use std::io::{self, Read, Write};
+use std::time::Instant;
 
 /// A rank introduces itself: rank, size, pid (u32 each).
 pub const OP_HELLO: u8 = b'H';
@@ -19,6 +22,15 @@ pub const OP_FINALIZE: u8 = b'F';
 /// The world asks fmxrun to start another world (collective): new size (u32),
 /// bridge flag (u8), opaque values; the answer says how to reach the bridge.
 pub const OP_SPAWN: u8 = b'S';
+
+/// fmxrun tells every rank that the job is failing: [`Notice`].
+pub const OP_NOTICE: u8 = b'N';
+
+/// A rank tells fmxrun it is failing (it panicked): the body is the reason.
+pub const OP_ABORT: u8 = b'X';
+
+/// fmxrun refuses a rank's hello: the body says why (a wrong rank or size).
+pub const OP_ERROR: u8 = b'E';
 
 /// Largest frame accepted (bounds memory against a confused peer).
 pub const MAX_FRAME: usize = 64 << 20;
@@ -38,14 +50,91 @@ pub fn write_frame(w: &mut impl Write, op: u8, body: &[u8]) -> io::Result<()> {
 pub fn read_frame(r: &mut impl Read) -> io::Result<(u8, Vec<u8>)> {
     let mut len = [0u8; 4];
     r.read_exact(&mut len)?;
-    let len = u32::from_le_bytes(len) as usize;
-    if len == 0 || len > MAX_FRAME {
-        return Err(io::Error::new(io::ErrorKind::InvalidData, format!("bootstrap frame of {len} bytes")));
-    }
+    let len = frame_len(len)?;
     let mut body = vec![0u8; len];
     r.read_exact(&mut body)?;
     let op = body.remove(0);
     Ok((op, body))
+}
+
+/// The body length a frame's 4-byte prefix announces, checked.
+pub fn frame_len(prefix: [u8; 4]) -> io::Result<usize> {
+    let len = u32::from_le_bytes(prefix) as usize;
+    if len == 0 || len > MAX_FRAME {
+        return Err(io::Error::new(io::ErrorKind::InvalidData, format!("bootstrap frame of {len} bytes")));
+    }
+    Ok(len)
+}
+
+/// Reads one frame from a socket: its first byte before `first_byte_by`
+/// (`None`: however long that takes), then the rest of it within `whole`,
+/// so that a peer that trickles bytes cannot stretch a read without end.
+pub fn read_frame_by(s: &std::net::TcpStream, first_byte_by: Option<Instant>, whole: std::time::Duration) -> io::Result<(u8, Vec<u8>)> {
+    let mut len = [0u8; 4];
+    read_exact_by(s, &mut len[..1], first_byte_by)?;
+    let rest_by = Some(Instant::now() + whole);
+    read_exact_by(s, &mut len[1..], rest_by)?;
+    let mut body = vec![0u8; frame_len(len)?];
+    read_exact_by(s, &mut body, rest_by)?;
+    let op = body.remove(0);
+    Ok((op, body))
+}
+
+fn read_exact_by(mut s: &std::net::TcpStream, mut buf: &mut [u8], deadline: Option<Instant>) -> io::Result<()> {
+    while !buf.is_empty() {
+        let left = match deadline {
+            None => None,
+            Some(d) => match d.checked_duration_since(Instant::now()).filter(|l| !l.is_zero()) {
+                Some(l) => Some(l),
+                None => return Err(io::Error::new(io::ErrorKind::TimedOut, "no complete answer before the deadline")),
+            },
+        };
+        s.set_read_timeout(left)?;
+        match s.read(buf) {
+            Ok(0) => return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "the connection was closed")),
+            Ok(n) => buf = &mut buf[n..],
+            Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut | io::ErrorKind::Interrupted) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+/// The first failure of a job, as fmxrun tells every rank.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Notice {
+    /// The failed process's rank in the receiving group (world or bridge), if it is a member.
+    pub member: Option<u32>,
+    /// The failed process's world: 0 for the first, k for the k-th spawned.
+    pub generation: u32,
+    /// Its rank in that world.
+    pub rank: u32,
+    /// What happened ("was killed by signal 9", "panicked", ...).
+    pub reason: String,
+}
+
+impl Notice {
+    /// Encodes the notice: member (u32, `u32::MAX` for none), generation, rank, reason.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut v = Vec::with_capacity(12 + self.reason.len());
+        for x in [self.member.unwrap_or(u32::MAX), self.generation, self.rank] {
+            v.extend_from_slice(&x.to_le_bytes());
+        }
+        v.extend_from_slice(self.reason.as_bytes());
+        v
+    }
+
+    /// Decodes what [`Notice::encode`] wrote; `None` if malformed.
+    pub fn decode(b: &[u8]) -> Option<Self> {
+        let at = |i: usize| b.get(i..i + 4).map(|x| u32::from_le_bytes(x.try_into().expect("4 bytes")));
+        let member = at(0)?;
+        Some(Self {
+            member: (member != u32::MAX).then_some(member),
+            generation: at(4)?,
+            rank: at(8)?,
+            reason: String::from_utf8_lossy(&b[12..]).into_owned(),
+        })
+    }
 }
 
 /// Encodes a list of blobs (u32 length + bytes each).

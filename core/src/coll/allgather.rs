@@ -1,7 +1,7 @@
 use bytemuck::Pod;
 
 use super::bcast::split_two;
-use super::util::{check_v, sendrecv, tag};
+use super::util::{check_disjoint, check_v, sendrecv, tag};
 use super::SMALL_BYTES;
 use crate::comm::Comm;
 use crate::error::{Error, Result};
@@ -10,6 +10,7 @@ impl Comm {
     /// Every rank's `send_buf` into every rank's `recv_buf`, in rank order.
     pub fn allgather<T: Pod>(&self, send_buf: &[T], recv_buf: &mut [T]) -> Result<()> {
         self.sh.check_live("allgather")?;
+        let _c = self.enter("allgather", None, send_buf.len() as u64, std::mem::size_of::<T>())?;
         let n = self.size() as usize;
         let m = send_buf.len();
         if recv_buf.len() != n * m {
@@ -43,7 +44,9 @@ impl Comm {
     /// Every rank's `send_buf` into `recv_buf` at `displs[rank]` (counts in elements).
     pub fn allgatherv<T: Pod>(&self, send_buf: &[T], recv_buf: &mut [T], counts: &[usize], displs: &[usize]) -> Result<()> {
         self.sh.check_live("allgatherv")?;
+        let _c = self.enter("allgatherv", None, super::check::digest(counts), std::mem::size_of::<T>())?;
         check_v("allgatherv", counts, displs, self.size(), recv_buf.len())?;
+        check_disjoint("allgatherv", counts, displs)?;
         let me = self.rank() as usize;
         if counts[me] != send_buf.len() {
             return Err(Error::InvalidCount {

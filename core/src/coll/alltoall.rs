@@ -1,7 +1,7 @@
 use bytemuck::Pod;
 
 use super::gather::disjoint_parts;
-use super::util::{check_v, sendrecv, tag};
+use super::util::{check_disjoint, check_v, sendrecv, tag};
 use crate::comm::Comm;
 use crate::error::{Error, Result};
 
@@ -12,6 +12,8 @@ impl Comm {
     /// Block i of `send_buf` to rank i; block j of `recv_buf` from rank j
     /// (both buffers size × block elements).
     pub fn alltoall<T: Pod>(&self, send_buf: &[T], recv_buf: &mut [T]) -> Result<()> {
+        self.sh.check_live("alltoall")?;
+        let _c = self.enter("alltoall", None, send_buf.len() as u64, std::mem::size_of::<T>())?;
         let n = self.size() as usize;
         if send_buf.len() != recv_buf.len() || send_buf.len() % n != 0 {
             return Err(Error::InvalidCount {
@@ -40,9 +42,11 @@ impl Comm {
         rdispls: &[usize],
     ) -> Result<()> {
         self.sh.check_live("alltoallv")?;
+        let _c = self.enter("alltoallv", None, u64::MAX, std::mem::size_of::<T>())?;
         let n = self.size() as usize;
         check_v("alltoallv send", scounts, sdispls, self.size(), send_buf.len())?;
         check_v("alltoallv receive", rcounts, rdispls, self.size(), recv_buf.len())?;
+        check_disjoint("alltoallv receive", rcounts, rdispls)?;
         let me = self.rank() as usize;
         if scounts[me] != rcounts[me] {
             return Err(Error::InvalidCount {
@@ -56,7 +60,7 @@ impl Comm {
             let parts = disjoint_parts(recv_buf, rcounts, rdispls, me)?;
             return self.scope(|s| {
                 for (r, part) in parts {
-                    let _ = s.irecv_coll(part, r as u32, tag::ALLTOALL)?;
+                    let _ = s.irecv_exact(part, r as u32, tag::ALLTOALL)?;
                 }
                 for k in 1..n {
                     let r = (me + k) % n;

@@ -6,6 +6,7 @@ impl Comm {
     /// Blocks until every rank has entered (dissemination algorithm).
     pub fn barrier(&self) -> Result<()> {
         self.sh.check_live("barrier")?;
+        let _c = self.enter("barrier", None, 0, 0)?;
         let (n, r) = (self.size(), self.rank());
         let mut k = 1;
         let mut round = 0;

@@ -9,6 +9,7 @@ impl Comm {
     /// Copies `buf` of `root` into `buf` of every rank.
     pub fn bcast<T: Pod>(&self, buf: &mut [T], root: u32) -> Result<()> {
         self.sh.check_live("bcast")?;
+        let _c = self.enter("bcast", Some(root), buf.len() as u64, std::mem::size_of::<T>())?;
         check_root(self, root)?;
         let n = self.size();
         if n == 1 {
@@ -69,7 +70,7 @@ impl Comm {
             let (sbuf, rbuf) = split_two(buf, block(len, n, sb), block(len, n, rb));
             self.scope(|s| {
                 if vr != 0 {
-                    let _ = s.irecv_coll(rbuf, left, tag::BCAST + 1)?;
+                    let _ = s.irecv_exact(rbuf, left, tag::BCAST + 1)?;
                 }
                 if vr != n - 1 {
                     let _ = s.isend_coll(sbuf, right, tag::BCAST + 1)?;
@@ -81,9 +82,16 @@ impl Comm {
     }
 }
 
-/// Two disjoint ranges of `buf`, one to read and one to write.
+/// Two disjoint ranges of `buf`, one to read and one to write (either may be
+/// empty, anywhere: a zero-count block may share its displacement with another).
 pub(crate) fn split_two<T>(buf: &mut [T], read: std::ops::Range<usize>, write: std::ops::Range<usize>) -> (&[T], &mut [T]) {
     debug_assert!(read.end <= write.start || write.end <= read.start || read.is_empty() || write.is_empty());
+    if read.is_empty() {
+        return (&[], &mut buf[write]);
+    }
+    if write.is_empty() {
+        return (&buf[read], &mut []);
+    }
     if read.start < write.start {
         let (a, b) = buf.split_at_mut(write.start);
         (&a[read], &mut b[..write.len()])

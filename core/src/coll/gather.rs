@@ -12,6 +12,8 @@ impl Comm {
     /// Every rank's `send_buf` into `recv_buf` of `root`, in rank order
     /// (`recv_buf.len()` = size × `send_buf.len()` at the root).
     pub fn gather<T: Pod>(&self, send_buf: &[T], recv_buf: &mut [T], root: u32) -> Result<()> {
+        self.sh.check_live("gather")?;
+        let _c = self.enter("gather", Some(root), send_buf.len() as u64, std::mem::size_of::<T>())?;
         let n = self.size() as usize;
         if self.rank() == root && recv_buf.len() != n * send_buf.len() {
             return Err(Error::InvalidCount {
@@ -26,6 +28,7 @@ impl Comm {
     /// Like [`Comm::gather`] with per-rank counts and displacements (in elements) at the root.
     pub fn gatherv<T: Pod>(&self, send_buf: &[T], recv_buf: &mut [T], counts: &[usize], displs: &[usize], root: u32) -> Result<()> {
         self.sh.check_live("gatherv")?;
+        let _c = self.enter("gatherv", Some(root), u64::MAX, std::mem::size_of::<T>())?;
         check_root(self, root)?;
         if self.rank() != root {
             return send(self, send_buf, root, tag::GATHER);
@@ -42,7 +45,7 @@ impl Comm {
         let parts = disjoint_parts(recv_buf, counts, displs, me)?;
         self.scope(|s| {
             for (r, part) in parts {
-                let _ = s.irecv_coll(part, r as u32, tag::GATHER)?;
+                let _ = s.irecv_exact(part, r as u32, tag::GATHER)?;
             }
             Ok(())
         })
@@ -51,6 +54,8 @@ impl Comm {
     /// Block i of `send_buf` at `root` into `recv_buf` of rank i
     /// (`send_buf.len()` = size × `recv_buf.len()` at the root).
     pub fn scatter<T: Pod>(&self, send_buf: &[T], recv_buf: &mut [T], root: u32) -> Result<()> {
+        self.sh.check_live("scatter")?;
+        let _c = self.enter("scatter", Some(root), recv_buf.len() as u64, std::mem::size_of::<T>())?;
         let n = self.size() as usize;
         if self.rank() == root && send_buf.len() != n * recv_buf.len() {
             return Err(Error::InvalidCount {
@@ -65,6 +70,7 @@ impl Comm {
     /// Like [`Comm::scatter`] with per-rank counts and displacements at the root.
     pub fn scatterv<T: Pod>(&self, send_buf: &[T], counts: &[usize], displs: &[usize], recv_buf: &mut [T], root: u32) -> Result<()> {
         self.sh.check_live("scatterv")?;
+        let _c = self.enter("scatterv", Some(root), u64::MAX, std::mem::size_of::<T>())?;
         check_root(self, root)?;
         if self.rank() != root {
             return recv(self, recv_buf, root, tag::SCATTER);

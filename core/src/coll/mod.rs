@@ -19,6 +19,7 @@ mod allgather;
 mod alltoall;
 mod barrier;
 mod bcast;
+pub(crate) mod check;
 mod gather;
 mod op;
 mod reduce;

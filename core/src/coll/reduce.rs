@@ -10,6 +10,7 @@ impl Comm {
     /// only written at the root; other ranks may pass an empty slice).
     pub fn reduce<T: Reduce>(&self, send_buf: &[T], recv_buf: &mut [T], op: Op<'_, T>, root: u32) -> Result<()> {
         self.sh.check_live("reduce")?;
+        let _c = self.enter("reduce", Some(root), send_buf.len() as u64, std::mem::size_of::<T>())?;
         check_root(self, root)?;
         if self.rank() == root {
             same_len("reduce", send_buf.len(), recv_buf.len())?;
@@ -39,6 +40,7 @@ impl Comm {
     /// Combines `send` of every rank with `op` into `recv` of every rank.
     pub fn allreduce<T: Reduce>(&self, send_buf: &[T], recv_buf: &mut [T], op: Op<'_, T>) -> Result<()> {
         self.sh.check_live("allreduce")?;
+        let _c = self.enter("allreduce", None, send_buf.len() as u64, std::mem::size_of::<T>())?;
         same_len("allreduce", send_buf.len(), recv_buf.len())?;
         recv_buf.copy_from_slice(send_buf);
         let n = self.size() as usize;

@@ -22,6 +22,25 @@ pub(crate) mod tag {
     pub(crate) const REDISTRIBUTE: u32 = 11 << 20;
 }
 
+/// The collective a collective-context tag belongs to (for error messages:
+/// users know "bcast", not tag 2097152).
+pub(crate) fn coll_name(t: u32) -> &'static str {
+    match t >> 20 {
+        1 => "barrier",
+        2 => "bcast",
+        3 => "reduce",
+        4 => "allreduce",
+        5 => "gather",
+        6 => "scatter",
+        7 => "allgather",
+        8 => "alltoall",
+        9 => "join",
+        10 => "neighborhood collective",
+        11 => "block redistribution",
+        _ => "collective",
+    }
+}
+
 /// Block `i` of `n` elements split over `parts`: the first `n % parts` blocks get one more.
 pub(crate) fn block(n: usize, parts: usize, i: usize) -> Range<usize> {
     let base = n / parts;
@@ -33,7 +52,7 @@ pub(crate) fn block(n: usize, parts: usize, i: usize) -> Range<usize> {
 /// Exchanges with two peers at once on the collective context.
 pub(crate) fn sendrecv<T: Pod>(c: &Comm, send: &[T], dest: u32, recv: &mut [T], src: u32, tag: u32) -> Result<()> {
     c.scope(|s| {
-        let r = s.irecv_coll(recv, src, tag)?;
+        let r = s.irecv_exact(recv, src, tag)?;
         let w = s.isend_coll(send, dest, tag)?;
         s.wait(w)?;
         s.wait(r).map(drop)
@@ -49,7 +68,7 @@ pub(crate) fn send<T: Pod>(c: &Comm, buf: &[T], dest: u32, tag: u32) -> Result<(
 
 pub(crate) fn recv<T: Pod>(c: &Comm, buf: &mut [T], src: u32, tag: u32) -> Result<()> {
     c.scope(|s| {
-        let r = s.irecv_coll(buf, src, tag)?;
+        let r = s.irecv_exact(buf, src, tag)?;
         s.wait(r).map(drop)
     })
 }
@@ -76,6 +95,24 @@ pub(crate) fn check_v(what: &'static str, counts: &[usize], displs: &[usize], si
             return Err(Error::InvalidCount {
                 what,
                 detail: format!("rank {r}'s count {c} at displacement {d} exceeds the buffer of {buf_len} elements"),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Checks that the non-empty regions of a receive buffer do not overlap (two
+/// messages cannot land on the same elements).
+pub(crate) fn check_disjoint(what: &'static str, counts: &[usize], displs: &[usize]) -> Result<()> {
+    let mut regions: Vec<(usize, usize, usize)> =
+        counts.iter().zip(displs).enumerate().filter(|(_, (&c, _))| c > 0).map(|(r, (&c, &d))| (d, d + c, r)).collect();
+    regions.sort_unstable();
+    for w in regions.windows(2) {
+        let ((_, end, a), (start, _, b)) = (w[0], w[1]);
+        if start < end {
+            return Err(Error::InvalidCount {
+                what,
+                detail: format!("rank {b}'s region at displacement {start} overlaps rank {a}'s, which ends at {end}"),
             });
         }
     }

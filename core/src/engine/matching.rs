@@ -76,6 +76,11 @@ impl Matching {
         self.posted.push_back(p);
     }
 
+    /// The tag of the earliest unexpected message from `src` on `ctx`.
+    pub(crate) fn first_tag_from(&self, ctx: u32, src: u32) -> Option<u32> {
+        self.unexpected.iter().find(|u| u.ctx == ctx && u.src == src).map(|u| u.tag)
+    }
+
     /// The earliest unexpected message this receive accepts, removed.
     pub(crate) fn take_unexpected(&mut self, ctx: u32, src: Option<u32>, tag: Option<u32>) -> Option<Unexpected> {
         let i = self.unexpected.iter().position(|u| u.matches(ctx, src, tag))?;

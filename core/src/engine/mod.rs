@@ -24,7 +24,9 @@ use std::time::{Duration, Instant};
 use fmx_transport::lend::{LendTable, Lent};
 use fmx_transport::{Endpoint, MsgHeader, MsgKind, OpStatus, PeerState, RemoteKey, SendOutcome, TransportError};
 
+use crate::bootstrap::Link;
 use crate::error::{Error, Result};
+use crate::failure::Failure;
 use crate::select::Transport;
 use matching::{Body, Matching, Posted, Unexpected};
 use requests::Requests;
@@ -133,11 +135,15 @@ pub(crate) struct Engine {
     /// Called while a wait idles: progresses the process's other engines
     /// (a world and a bridge), as MPI's progress covers every communicator.
     on_idle: Option<fn()>,
+    /// Where the launcher's notice of the job's first failure arrives.
+    link: Option<Rc<Link>>,
+    /// That failure, once known: no wait may idle any more.
+    failure: Option<Failure>,
 }
 
 impl Engine {
     /// An engine over `tp`; `oversubscribed` when this host runs more ranks than it has cores.
-    pub(crate) fn new(tp: Transport, oversubscribed: bool) -> Self {
+    pub(crate) fn new(tp: Transport, oversubscribed: bool, link: Option<Rc<Link>>) -> Self {
         let size = tp.num_peers();
         Self {
             me: tp.local_id(),
@@ -152,6 +158,8 @@ impl Engine {
             poison: None,
             spin_polls: if oversubscribed { SPIN_POLLS_OVERSUBSCRIBED } else { SPIN_POLLS },
             on_idle: None,
+            link,
+            failure: None,
         }
     }
 
@@ -189,7 +197,10 @@ impl Engine {
         Ok(req)
     }
 
-    /// Starts a receive into the lent buffer `buf`; `src`/`tag` `None` are wildcards.
+    /// Starts a receive into the lent buffer `buf`; `src`/`tag` `None` are
+    /// wildcards. A collective's receive (`coll`) is watched for a peer that
+    /// is in another collective (see `check_liveness`).
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn start_recv(
         &mut self,
         lend: &mut LendTable,
@@ -198,8 +209,12 @@ impl Engine {
         tag: Option<u32>,
         buf: Lent,
         waits_on: WaitsOn,
+        coll: bool,
     ) -> Result<ReqId> {
         let req = self.reqs.insert(waits_on, "receiving");
+        if let (true, Some(t), Some(r)) = (coll, tag, self.reqs.get_mut(req)) {
+            r.coll = Some((ctx, t));
+        }
         match self.matching.take_unexpected(ctx, src, tag) {
             None => self.matching.post(Posted { req, ctx, src, tag, buf }),
             Some(u) => match u.body {
@@ -449,38 +464,110 @@ impl Engine {
         )
     }
 
+    /// The job's first failure, if the launcher has told it (cheap once known).
+    pub(crate) fn job_failure(&mut self) -> Option<&Failure> {
+        if self.failure.is_none() {
+            self.failure = self.link.as_ref().and_then(|l| l.failure());
+        }
+        self.failure.as_ref()
+    }
+
+    /// Drives progress until one request of `ids` is finished (liveness
+    /// checked for every one still pending).
+    pub(crate) fn wait_any(&mut self, lend: &mut LendTable, ids: &[ReqId]) -> Result<()> {
+        self.progress_until(
+            lend,
+            |e| ids.iter().any(|&id| !e.reqs.is_pending(id)),
+            |e, l| ids.iter().try_for_each(|&id| e.check_liveness(l, id)),
+        )
+    }
+
+    /// Fails (or, for a wildcard, reports) a wait that can no longer be
+    /// completed by the peers it waits on. What they sent before going may
+    /// still be in our slots, so progress runs once first.
     fn check_liveness(&mut self, lend: &mut LendTable, id: ReqId) -> Result<()> {
         let Some(r) = self.reqs.get(id) else {
             return Ok(());
         };
         let (what, waits_on) = (r.what, r.waits_on.clone());
-        if let Some((peer, state)) = self.departed(&waits_on) {
-            // What it sent before going may still be in our slots.
+        if self.job_failure().is_some() {
             self.progress(lend)?;
             if self.reqs.is_pending(id) {
+                let e = self.failure.as_ref().map(|f| f.error(what)).expect("checked above");
                 self.cancel(id);
-                self.reqs.fail(id, Error::PeerGone { rank: peer, world_rank: peer, during: what.to_owned(), reason: gone_reason(state) });
+                self.reqs.fail(id, e);
+            }
+            return Ok(());
+        }
+        let coll = self.reqs.get(id).and_then(|r| r.coll);
+        match waits_on {
+            WaitsOn::Peer(peer) => {
+                if let Some((ctx, tag)) = coll {
+                    // Messages between two ranks on a context never overtake each
+                    // other, so a collective message from `peer` with another tag
+                    // that is already here means `peer` is not in this collective.
+                    if let Some(other) = self.matching.first_tag_from(ctx, peer).filter(|&t| t != tag) {
+                        self.cancel(id);
+                        self.reqs.fail(
+                            id,
+                            Error::CollectiveMismatch {
+                                op: crate::coll::util::coll_name(tag),
+                                detail: format!(
+                                    "world rank {peer} sent a message of {} while this rank waits for its message of {}: \
+                                 the ranks called different collectives, or the same one with different roots or counts",
+                                    crate::coll::util::coll_name(other),
+                                    crate::coll::util::coll_name(tag)
+                                ),
+                            },
+                        );
+                        return Ok(());
+                    }
+                }
+                if let Some(state) = self.gone(peer) {
+                    self.progress(lend)?;
+                    if self.reqs.is_pending(id) {
+                        self.cancel(id);
+                        self.reqs.fail(id, peer_gone(peer, what, state, false));
+                    }
+                }
+            }
+            WaitsOn::AnyOf(members) => {
+                let me = self.me;
+                let reported = self.reqs.get(id).map(|r| r.reported.clone()).unwrap_or_default();
+                let newly =
+                    members.iter().copied().filter(|&p| p != me && !reported.contains(&p)).find_map(|p| self.gone(p).map(|s| (p, s)));
+                if let Some((peer, state)) = newly {
+                    self.progress(lend)?;
+                    if let Some(r) = self.reqs.get_mut(id).filter(|r| matches!(r.state, requests::State::Pending)) {
+                        r.reported.push(peer);
+                        let all_gone = members.iter().all(|&p| p == me || r.reported.contains(&p));
+                        if !all_gone {
+                            // ULFM's PROC_FAILED_PENDING: the others may still send.
+                            return Err(peer_gone(peer, what, state, true));
+                        }
+                        self.cancel(id);
+                        self.reqs.fail(id, peer_gone(peer, what, state, false));
+                    }
+                }
             }
         }
         Ok(())
     }
 
-    /// The peer an operation waiting on `waits_on` can no longer be completed by:
-    /// its one peer, or, for a wildcard, the first of them once every other member is gone.
-    pub(crate) fn departed(&mut self, waits_on: &WaitsOn) -> Option<(u32, PeerState)> {
-        match waits_on {
-            WaitsOn::Peer(p) => self.gone(*p).map(|s| (*p, s)),
-            WaitsOn::AnyOf(ps) => {
-                let me = self.me;
-                let states: Vec<_> = ps.iter().filter(|&&p| p != me).map(|&p| (p, self.gone(p))).collect();
-                if !states.is_empty() && states.iter().all(|(_, s)| s.is_some()) {
-                    states.into_iter().find_map(|(p, s)| s.map(|s| (p, s)))
-                } else {
-                    None
-                }
-            }
+    /// Why an operation waiting on `waits_on` cannot complete now: the job's
+    /// failure, or a departed peer (for a wildcard: any departed member).
+    pub(crate) fn blocked(&mut self, waits_on: &WaitsOn, what: &str) -> Option<Error> {
+        if let Some(f) = self.job_failure() {
+            return Some(f.error(what));
         }
+        let me = self.me;
+        let (peer, state) = match waits_on {
+            WaitsOn::Peer(p) => self.gone(*p).map(|s| (*p, s)),
+            WaitsOn::AnyOf(ps) => ps.iter().copied().filter(|&p| p != me).find_map(|p| self.gone(p).map(|s| (p, s))),
+        }?;
+        Some(peer_gone(peer, what, state, false))
     }
+
     fn gone(&mut self, peer: u32) -> Option<PeerState> {
         match self.tp.peer_state(peer) {
             PeerState::Alive => None,
@@ -517,20 +604,19 @@ impl Engine {
     }
 
     /// Drives progress until no send waits for credits; fails if a peer we
-    /// still owe messages is gone.
+    /// still owe messages is gone, or the job is failing.
     pub(crate) fn drain_queued(&mut self, lend: &mut LendTable) -> Result<()> {
+        const DURING: &str = "finalizing (sends still queued)";
         self.progress_until(
             lend,
             |e| e.queued == 0,
             |e, _| {
+                if let Some(f) = e.job_failure() {
+                    return Err(f.error(DURING));
+                }
                 let dests: Vec<u32> = (0..e.outq.len()).filter(|&q| !e.outq[q].is_empty()).map(|q| (q / 2) as u32).collect();
                 match dests.into_iter().find_map(|p| e.gone(p).map(|s| (p, s))) {
-                    Some((peer, state)) => Err(Error::PeerGone {
-                        rank: peer,
-                        world_rank: peer,
-                        during: "finalizing (sends still queued)".into(),
-                        reason: gone_reason(state),
-                    }),
+                    Some((peer, state)) => Err(peer_gone(peer, DURING, state, false)),
                     None => Ok(()),
                 }
             },
@@ -604,12 +690,13 @@ impl Engine {
     }
 }
 
-/// Why a departed peer cannot complete an operation.
-pub(crate) fn gone_reason(state: PeerState) -> String {
-    match state {
-        PeerState::Finalized => "it finalized without a matching operation".to_owned(),
-        _ => "its process exited or was killed".to_owned(),
-    }
+/// The error for `peer` departed (in `state`) while `what` waited on it.
+fn peer_gone(peer: u32, what: &str, state: PeerState, pending: bool) -> Error {
+    let reason = match state {
+        PeerState::Finalized => "it finalized without a matching operation",
+        _ => "its process exited or was killed",
+    };
+    Error::PeerGone { rank: peer, world_rank: peer, during: what.to_owned(), reason: reason.into(), pending }
 }
 
 /// Completes receive `req` with eager `data` from `src`.

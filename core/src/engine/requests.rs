@@ -48,7 +48,8 @@ pub(crate) struct RawStatus {
 pub(crate) enum WaitsOn {
     /// One world rank.
     Peer(u32),
-    /// Any of these world ranks (wildcard receive): fails only when all are gone.
+    /// Any of these world ranks (wildcard receive): reports each departed
+    /// member once, fails when all are gone.
     AnyOf(Rc<[u32]>),
 }
 
@@ -77,6 +78,10 @@ pub(crate) struct Req {
     /// A send whose data the engine owns (active messages): nobody waits for
     /// it, and the slot frees itself when the operation ends.
     pub(crate) owned: Option<Vec<u8>>,
+    /// Members a wildcard receive has reported departed (each once).
+    pub(crate) reported: Vec<u32>,
+    /// A collective's receive: its context and tag.
+    pub(crate) coll: Option<(u32, u32)>,
 }
 
 /// The slab of requests.
@@ -99,6 +104,8 @@ impl Requests {
             r.partial = None;
             r.buf = None;
             r.owned = None;
+            r.reported.clear();
+            r.coll = None;
             ReqId::new(idx, r.generation)
         } else {
             self.slots.push(Req {
@@ -112,6 +119,8 @@ impl Requests {
                 partial: None,
                 buf: None,
                 owned: None,
+                reported: Vec::new(),
+                coll: None,
             });
             ReqId::new(self.slots.len() as u32 - 1, 0)
         }

@@ -19,13 +19,14 @@
 use std::ffi::OsString;
 use std::io::{BufRead, BufReader, Write};
 use std::net::TcpListener;
+use std::os::unix::process::CommandExt as _;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 mod serve;
 
-use serve::SpawnAsk;
+use serve::{Failure, Group, SpawnAsk};
 use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM, SIGUSR1, SIGUSR2};
 
 pub use crate::bootstrap::ENV_RENDEZVOUS;
@@ -58,6 +59,11 @@ pub struct Launch {
     /// Where the rendezvous listens: 127.0.0.1 unless ranks run in other
     /// network namespaces and reach it over a veth (the two-namespace test).
     pub bind: std::net::IpAddr,
+    /// A failed rank does not end the job (`--keep-going`, as Open MPI's
+    /// `--enable-recovery`): the others are neither told nor killed, learn of
+    /// it from their own operations (ULFM semantics), and their finalize
+    /// completes without it. The job's exit code is still the failure's.
+    pub keep_going: bool,
 }
 
 /// How a job ended.
@@ -79,12 +85,20 @@ pub struct Outcome {
 
 type Captured = std::sync::Arc<std::sync::Mutex<Vec<(u32, bool, String)>>>;
 
+/// Most ranks fmxrun starts in one world, and in all worlds of a job at once
+/// (each rank costs fmxrun three threads and the host a process).
+pub const MAX_RANKS: u32 = 4096;
+/// Longest `--timeout` or `--kill-grace` accepted (about 31 years).
+pub const MAX_SECONDS: f64 = 1e9;
+
 pub(crate) enum Event {
     /// Process number (across every world) exited.
     Exit(usize, ExitStatus),
     Signal(i32),
     /// A world asks for another world.
     Spawn(SpawnAsk),
+    /// A group found a failure that no exit code shows (see `serve`).
+    Failed(Failure),
 }
 
 impl Launch {
@@ -101,20 +115,40 @@ impl Launch {
             timeout: None,
             env: Vec::new(),
             bind: std::net::Ipv4Addr::LOCALHOST.into(),
+            keep_going: false,
         }
     }
 
-    /// Runs the job to its end: the first world, and every world it (or a
-    /// later one) spawns; the job ends when the last process has exited.
-    pub fn run(&self) -> Result<Outcome> {
+    fn check(&self) -> Result<()> {
         if self.np == 0 {
             return Err(Error::Launch("the number of ranks must be at least 1".into()));
+        }
+        if self.np > MAX_RANKS {
+            return Err(Error::Launch(format!("-n {}: fmxrun starts at most {MAX_RANKS} ranks on one host", self.np)));
         }
         if let Some(t) = &self.transport {
             if !crate::TRANSPORT_NAMES.contains(&t.as_str()) {
                 return Err(Error::Launch(format!("unknown transport {t:?} (known: {})", crate::TRANSPORT_NAMES.join(", "))));
             }
         }
+        for (what, d) in [("kill grace", Some(self.kill_grace)), ("timeout", self.timeout)] {
+            if d.is_some_and(|d| d.as_secs_f64() > MAX_SECONDS) {
+                return Err(Error::Launch(format!("{what} of {:?} is out of range (at most {MAX_SECONDS} s)", d.unwrap_or_default())));
+            }
+        }
+        Ok(())
+    }
+
+    /// Runs the job to its end: the first world, and every world it (or a
+    /// later one) spawns; the job ends when the last process has exited.
+    ///
+    /// The job's first failure (a rank that exits non-zero, is killed,
+    /// panics, or leaves without finalizing while others wait for it) is
+    /// sent to every rank at once as a notice, so that ranks blocked on live
+    /// peers stop waiting with an error naming it; the others get
+    /// `kill_grace` to report it, then are killed.
+    pub fn run(&self) -> Result<Outcome> {
+        self.check()?;
         let job = new_job_id();
         let (tx, rx) = mpsc::channel();
         let signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM, SIGHUP, SIGUSR1, SIGUSR2])
@@ -123,70 +157,71 @@ impl Launch {
         {
             let tx = tx.clone();
             let mut signals = signals;
-            std::thread::spawn(move || {
+            spawn_thread("fmxrun-signals", move || {
                 for s in signals.forever() {
                     if tx.send(Event::Signal(s)).is_err() {
                         break;
                     }
                 }
-            });
+            })?;
         }
+        let request_file = std::env::temp_dir().join(format!("fmx-{job}.reconfig"));
         let mut st = JobState {
-            request_file: std::env::temp_dir().join(format!("fmx-{job}.reconfig")),
+            guardian: Guardian::start(&request_file),
+            request_file,
             job,
             procs: Vec::new(),
             jobs: Vec::new(),
+            groups: Vec::new(),
             forwarders: Vec::new(),
             captured: self.capture.then(Captured::default),
             generation: 0,
             events: tx,
+            failure: None,
         };
         let first = self.start_world(&mut st, self.np, &[]);
         let mut spawn_err = first.err();
         let started = Instant::now();
-        let mut first_failure: Option<(u32, i32)> = None;
         let mut kill_at: Option<Instant> = spawn_err.as_ref().map(|_| Instant::now());
         let mut timed_out = false;
         let mut signalled = None;
         while st.running() > 0 {
             let now = Instant::now();
-            if let Some(t) = self.timeout {
-                if !timed_out && now >= started + t {
-                    timed_out = true;
-                    eprintln!("fmxrun: job timed out after {t:?}; killing every rank");
-                    st.kill_all(rustix::process::Signal::KILL);
-                }
+            let deadline = self.timeout.and_then(|t| started.checked_add(t));
+            if deadline.is_some_and(|d| !timed_out && now >= d) {
+                timed_out = true;
+                eprintln!("fmxrun: job timed out after {:?}; killing every rank", self.timeout.unwrap_or_default());
+                st.kill_all(rustix::process::Signal::KILL);
             }
             if kill_at.is_some_and(|k| now >= k) {
                 st.kill_all(rustix::process::Signal::KILL);
                 kill_at = None;
             }
             let mut wake = now + Duration::from_millis(200);
-            if let Some(k) = kill_at {
-                wake = wake.min(k);
+            for t in [kill_at, deadline].into_iter().flatten() {
+                wake = wake.min(t);
             }
-            if let Some(t) = self.timeout {
-                wake = wake.min(started + t);
-            }
+            let ending = timed_out || signalled.is_some();
             match rx.recv_timeout(wake.saturating_duration_since(now)) {
                 Ok(Event::Exit(idx, status)) => {
                     st.procs[idx].pid = None;
                     let code = exit_code(status);
                     let (g, rank) = (st.procs[idx].generation, st.procs[idx].rank);
-                    if code != 0 && first_failure.is_none() && !timed_out && signalled.is_none() {
-                        first_failure = Some((rank, code));
-                        if st.running() > 0 {
-                            let who = if g == 0 { format!("rank {rank}") } else { format!("rank {rank} of world {g}") };
-                            eprintln!(
-                                "fmxrun: {who} exited with code {code}; the other ranks get {:?} to notice, then are killed",
-                                self.kill_grace
-                            );
-                            kill_at = Some(Instant::now() + self.kill_grace);
-                        }
+                    st.procs[idx].code = Some(code);
+                    for grp in &st.groups {
+                        grp.exited(g, rank, code);
+                    }
+                    if code != 0 && !ending {
+                        self.fail(&mut st, Failure { generation: g, rank, reason: describe_exit(status) }, &mut kill_at);
+                    }
+                }
+                Ok(Event::Failed(f)) => {
+                    if !ending {
+                        self.fail(&mut st, f, &mut kill_at);
                     }
                 }
                 Ok(Event::Spawn(ask)) => {
-                    let answer = if first_failure.is_some() || timed_out || signalled.is_some() {
+                    let answer = if st.failure.is_some() || ending {
                         Err("spawn: the job is ending (a rank failed or fmxrun was signalled)".to_string())
                     } else {
                         self.spawn_world(&mut st, &ask).map_err(|e| e.to_string())
@@ -213,49 +248,84 @@ impl Launch {
             }
         }
         sig_handle.close();
+        for g in &st.groups {
+            g.close();
+        }
         for f in st.forwarders.drain(..) {
             let _ = f.join();
         }
         let files_removed = st.jobs.iter().map(|j| crate::select::cleanup_job(j)).sum();
         let _ = std::fs::remove_file(&st.request_file);
+        drop(st.guardian.take()); // nothing left for it to remove
         if let Some(e) = spawn_err.take() {
             return Err(e);
         }
+        let failed = st.failure.as_ref().map(|(f, _)| (f.generation, f.rank));
         let code = if timed_out {
             124
         } else if let Some(s) = signalled {
             128 + s
+        } else if failed.is_some() {
+            // The failed process's own code, else the first failing code, else 1
+            // (a rank that exited 0 without finalizing failed the job all the same).
+            let of_failed = st.procs.iter().find(|p| Some((p.generation, p.rank)) == failed).and_then(|p| p.code).filter(|&c| c != 0);
+            of_failed.or_else(|| st.procs.iter().filter_map(|p| p.code).find(|&c| c != 0)).unwrap_or(1)
         } else {
-            first_failure.map_or(0, |(_, c)| c)
+            0
         };
         let lines =
             st.captured.map(|c| std::mem::take(&mut *c.lock().unwrap_or_else(std::sync::PoisonError::into_inner))).unwrap_or_default();
-        Ok(Outcome { code, failed_rank: first_failure.map(|(r, _)| r), timed_out, job: st.job, files_removed, lines })
+        Ok(Outcome { code, failed_rank: failed.map(|(_, r)| r), timed_out, job: st.job, files_removed, lines })
+    }
+
+    /// Records the job's first failure: every rank is told, the others get
+    /// the kill grace before they are killed. Later failures are its
+    /// consequences. With `keep_going` it is only recorded.
+    fn fail(&self, st: &mut JobState, f: Failure, kill_at: &mut Option<Instant>) {
+        if st.failure.is_some() {
+            return;
+        }
+        let who = if f.generation == 0 { format!("rank {}", f.rank) } else { format!("rank {} of world {}", f.rank, f.generation) };
+        if self.keep_going {
+            eprintln!("fmxrun: {who} {}; --keep-going: the others go on", f.reason);
+        } else {
+            for g in &st.groups {
+                g.notify(&f);
+            }
+            if st.running() > 0 {
+                let grace = self.kill_grace;
+                eprintln!("fmxrun: {who} {}; every rank is told, and the others get {grace:?} to end, then are killed", f.reason);
+                *kill_at = Some(Instant::now() + grace);
+            } else {
+                eprintln!("fmxrun: {who} {}", f.reason);
+            }
+        }
+        st.failure = Some((f, Instant::now()));
     }
 
     /// Starts a world of `np` ranks with its own rendezvous; `extra` is more environment.
     fn start_world(&self, st: &mut JobState, np: u32, extra: &[(String, String)]) -> Result<()> {
         let g = st.generation;
         let job = if g == 0 { st.job.clone() } else { format!("{}g{g}", st.job) };
-        let addr = self.listen(np, &st.events)?;
-        st.jobs.push(job.clone());
+        let addr = self.listen(st, (0..np).map(|r| (g, r)).collect())?;
+        st.add_job(&job);
         for rank in 0..np {
             let mut child = self.start_rank(rank, np, &job, &addr, extra, &st.request_file)?;
             let idx = st.procs.len();
-            st.procs.push(Proc { pid: Some(child.id()), generation: g, rank });
+            st.procs.push(Proc { pid: Some(child.id()), generation: g, rank, code: None });
             let label = if g == 0 { format!("[{rank}] ") } else { format!("[{g}:{rank}] ") };
             if let Some(out) = child.stdout.take() {
-                st.forwarders.push(forward(out, rank, label.clone(), false, st.captured.clone()));
+                st.forwarders.push(forward(out, rank, label.clone(), false, st.captured.clone())?);
             }
             if let Some(err) = child.stderr.take() {
-                st.forwarders.push(forward(err, rank, label, true, st.captured.clone()));
+                st.forwarders.push(forward(err, rank, label, true, st.captured.clone())?);
             }
             let tx = st.events.clone();
-            std::thread::spawn(move || {
+            spawn_thread("fmxrun-wait", move || {
                 if let Ok(status) = child.wait() {
                     let _ = tx.send(Event::Exit(idx, status));
                 }
-            });
+            })?;
         }
         Ok(())
     }
@@ -265,6 +335,13 @@ impl Launch {
     fn spawn_world(&self, st: &mut JobState, ask: &SpawnAsk) -> Result<Option<(String, String)>> {
         if ask.np == 0 {
             return Err(Error::Launch("spawn: the new world needs at least one rank (asked for 0)".into()));
+        }
+        let running = st.running() as u64;
+        if running + u64::from(ask.np) > u64::from(MAX_RANKS) {
+            return Err(Error::Launch(format!(
+                "spawn: a world of {} ranks beside the {running} running would exceed fmxrun's limit of {MAX_RANKS} processes on one host",
+                ask.np
+            )));
         }
         let values = String::from_utf8(ask.values.clone())
             .ok()
@@ -279,8 +356,10 @@ impl Launch {
         ];
         let bridge = if ask.bridge {
             let job = format!("{}b{g}", st.job);
-            let addr = self.listen(ask.parent_np + ask.np, &st.events)?;
-            st.jobs.push(job.clone());
+            // The asking world's ranks first, then the new world's.
+            let members = (0..ask.parent_np).map(|r| (ask.parent_generation, r)).chain((0..ask.np).map(|r| (g, r))).collect();
+            let addr = self.listen(st, members)?;
+            st.add_job(&job);
             extra.push(("FMX_BRIDGE_RENDEZVOUS".into(), addr.clone()));
             extra.push(("FMX_BRIDGE_JOB".into(), job.clone()));
             Some((addr, job))
@@ -295,13 +374,14 @@ impl Launch {
         Ok(bridge)
     }
 
-    /// A rendezvous server for `np` ranks; its address.
-    fn listen(&self, np: u32, events: &mpsc::Sender<Event>) -> Result<String> {
+    /// A rendezvous server for a group of (generation, rank) members; its address.
+    fn listen(&self, st: &mut JobState, members: Vec<(u32, u32)>) -> Result<String> {
         let listener =
             TcpListener::bind((self.bind, 0)).map_err(|e| Error::Launch(format!("binding the rendezvous socket on {}: {e}", self.bind)))?;
         let addr = listener.local_addr().map_err(|e| Error::Launch(format!("rendezvous address: {e}")))?;
-        let events = events.clone();
-        std::thread::spawn(move || serve::serve(&listener, np, &events));
+        let group = Group::start(listener, members, self.keep_going, st.events.clone())
+            .map_err(|e| Error::Launch(format!("starting the rendezvous server: {e}")))?;
+        st.groups.push(group);
         Ok(addr.to_string())
     }
 
@@ -338,11 +418,86 @@ impl Launch {
         }
         // Each rank leads its own process group, so that killing a rank also
         // kills whatever it started (a shell's children would keep our pipes open).
-        std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
+        cmd.process_group(0);
         if self.label || self.capture {
             cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
         }
         cmd.spawn().map_err(|e| Error::Launch(format!("starting rank {rank} ({}): {e}", self.program.to_string_lossy())))
+    }
+}
+
+/// Starts a named thread; running out of threads is an error, not a panic.
+fn spawn_thread(name: &str, f: impl FnOnce() + Send + 'static) -> Result<std::thread::JoinHandle<()>> {
+    std::thread::Builder::new()
+        .name(name.into())
+        .spawn(f)
+        .map_err(|e| Error::Launch(format!("starting a thread ({name}): {e} (too many ranks for this host?)")))
+}
+
+/// How a process ended, in words.
+fn describe_exit(st: ExitStatus) -> String {
+    use std::os::unix::process::ExitStatusExt;
+    match (st.code(), st.signal()) {
+        (Some(c), _) => format!("exited with code {c}"),
+        (None, Some(s)) => {
+            let name = match s {
+                6 => " (SIGABRT: an abort, or a panic with panic=abort)",
+                7 => " (SIGBUS: a bus error, often a full /dev/shm)",
+                9 => " (SIGKILL)",
+                11 => " (SIGSEGV)",
+                15 => " (SIGTERM)",
+                _ => "",
+            };
+            format!("was killed by signal {s}{name}")
+        }
+        (None, None) => "ended for an unknown reason".into(),
+    }
+}
+
+/// A helper process that removes the job's files when fmxrun goes, however
+/// it goes: it waits for the end of its input, which the kernel closes when
+/// fmxrun exits, even by SIGKILL (fmxrun's own cleanup cannot run then).
+/// fmxrun sends it the prefix of every file it may have to remove, one per line.
+struct Guardian(Child);
+
+impl Guardian {
+    const SCRIPT: &'static str = "set -f; files=; while IFS= read -r p; do files=\"$files\n$p\"; done; set +f; IFS='\n'; \
+                                  for p in $files; do [ -n \"$p\" ] && rm -f -- \"$p\"*; done";
+
+    fn start(request_file: &std::path::Path) -> Option<Self> {
+        let child = Command::new("/bin/sh")
+            .args(["-c", Self::SCRIPT])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .process_group(0)
+            .spawn();
+        let mut g = match child {
+            Ok(c) => Self(c),
+            Err(e) => {
+                eprintln!("fmxrun: no cleanup helper ({e}): files of a killed fmxrun may stay behind");
+                return None;
+            }
+        };
+        // The request file, and the names take_request and write_request give it on the way.
+        if let (Some(dir), Some(stem)) = (request_file.parent(), request_file.file_stem()) {
+            g.watch(&dir.join(format!("{}.", stem.to_string_lossy())));
+        }
+        Some(g)
+    }
+
+    /// Removes files starting with `prefix` (a path) when fmxrun goes.
+    fn watch(&mut self, prefix: &std::path::Path) {
+        if let (Some(w), Some(p)) = (self.0.stdin.as_mut(), prefix.to_str()) {
+            let _ = writeln!(w, "{p}");
+        }
+    }
+}
+
+impl Drop for Guardian {
+    fn drop(&mut self) {
+        drop(self.0.stdin.take()); // end of input: it removes what is left, then exits
+        let _ = self.0.wait();
     }
 }
 
@@ -362,6 +517,8 @@ struct Proc {
     pid: Option<u32>,
     generation: u32,
     rank: u32,
+    /// Its exit code once it exited (signals as 128+n).
+    code: Option<i32>,
 }
 
 /// Everything a running job owns.
@@ -370,16 +527,30 @@ struct JobState {
     procs: Vec<Proc>,
     /// Every job id handed out (worlds and bridges): their files go at the end.
     jobs: Vec<String>,
+    /// The rendezvous servers of every world and bridge.
+    groups: Vec<std::sync::Arc<Group>>,
     forwarders: Vec<std::thread::JoinHandle<()>>,
     captured: Option<Captured>,
     generation: u32,
     events: mpsc::Sender<Event>,
     request_file: std::path::PathBuf,
+    /// The job's first failure and when it happened.
+    failure: Option<(Failure, Instant)>,
+    guardian: Option<Guardian>,
 }
 
 impl JobState {
     fn running(&self) -> usize {
         self.procs.iter().filter(|p| p.pid.is_some()).count()
+    }
+
+    fn add_job(&mut self, job: &str) {
+        self.jobs.push(job.to_owned());
+        if let Some(g) = &mut self.guardian {
+            for p in crate::select::job_file_prefixes(job) {
+                g.watch(&p);
+            }
+        }
     }
 
     fn kill_all(&self, sig: rustix::process::Signal) {
@@ -412,8 +583,8 @@ fn forward(
     label: String,
     is_err: bool,
     capture: Option<Captured>,
-) -> std::thread::JoinHandle<()> {
-    std::thread::spawn(move || {
+) -> Result<std::thread::JoinHandle<()>> {
+    spawn_thread("fmxrun-output", move || {
         let mut r = BufReader::new(stream);
         let mut line = Vec::new();
         loop {

@@ -91,6 +91,27 @@ fn to_index(v: u64, what: &str) -> Result<usize> {
     usize::try_from(v).map_err(|_| Error::Reconfig(format!("{what} {v} does not fit this machine's address space")))
 }
 
+/// A zeroed block of `len` elements of a `global_n`-element array, or an
+/// error naming both sizes when this machine cannot hold it (never an
+/// allocation failure that aborts the process).
+fn zeroed_block<T: Pod>(len: u64, global_n: u64) -> Result<Vec<T>> {
+    let elem = std::mem::size_of::<T>() as u64;
+    let too_big = |why: String| {
+        Error::Reconfig(format!("a block of {len} elements of {elem} bytes (of a global size of {global_n}) cannot be held here: {why}"))
+    };
+    let bytes = len.checked_mul(elem).ok_or_else(|| too_big("its size in bytes overflows 64 bits".into()))?;
+    let ram = rustix::system::sysinfo();
+    let total = u64::from(ram.mem_unit).saturating_mul(ram.totalram as u64);
+    if bytes > total {
+        return Err(too_big(format!("{bytes} bytes exceed this machine's {total} bytes of memory")));
+    }
+    let n = to_index(len, "block length")?;
+    let mut v = Vec::new();
+    v.try_reserve_exact(n).map_err(|e| too_big(format!("allocating {bytes} bytes failed ({e})")))?;
+    v.resize(n, T::zeroed());
+    Ok(v)
+}
+
 /// Old side: sends this rank's block (of the old world's block distribution
 /// of `global_n` elements) to the new ranks whose blocks overlap it, straight
 /// from `local` (large pieces go by rendezvous, without a copy).
@@ -120,7 +141,7 @@ pub fn send_blocks<T: Pod>(ic: &Intercomm, local: &[T], global_n: u64) -> Result
 pub fn recv_blocks<T: Pod>(ic: &Intercomm, global_n: u64) -> Result<Vec<T>> {
     let (me, new, old) = (ic.rank(), ic.local_size(), ic.remote_size());
     let mine = block_range(me, new, global_n);
-    let mut out: Vec<T> = bytemuck::allocation::zeroed_vec(to_index(mine.end - mine.start, "block length")?);
+    let mut out: Vec<T> = zeroed_block(mine.end - mine.start, global_n)?;
     let plan = receives_of(me, old, new, global_n);
     let remote = ic.remote();
     let statuses = remote

@@ -157,7 +157,7 @@ impl Comm {
     ) -> Result<DistGraphComm> {
         self.size_credits(&ins, weighted, info)?;
         let Some((perm, cost)) = self.reorder_ranks(op, reorder == Reorder::Allowed, &outs, info)? else {
-            return Ok(DistGraphComm { comm: self.dup()?, ins, outs, weighted, grouped, cost: None });
+            return Ok(DistGraphComm::new(self.dup()?, ins, outs, weighted, grouped, None));
         };
         let me = perm[self.rank() as usize];
         let comm = self
@@ -170,7 +170,7 @@ impl Comm {
             ins.sort_by_key(|e| e.0);
             outs.sort_by_key(|e| e.0);
         }
-        Ok(DistGraphComm { comm, ins, outs, weighted, grouped, cost: Some(cost) })
+        Ok(DistGraphComm::new(comm, ins, outs, weighted, grouped, Some(cost)))
     }
 
     /// Sizes senders' shares of our eager pool by our in-edges (FM's credits
@@ -202,21 +202,21 @@ impl Comm {
         // so the memory goes back at once: each waits until the receivers have
         // released what it sent, and everyone polls meanwhile.
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
-        loop {
+        let everyone = crate::engine::WaitsOn::AnyOf(self.members.clone());
+        self.retry_until(&everyone, "sizing eager pools (dist_graph_create)", || {
             let mut e = self.sh.engine.borrow_mut();
             if !e.tp.settle_receive_shares() {
-                break;
+                return Ok(Some(()));
             }
             e.progress(&mut self.sh.lend.borrow_mut())?;
-            drop(e);
             if std::time::Instant::now() > deadline {
                 return Err(Error::InvalidGraph {
                     op: "dist_graph_create",
                     detail: "sizing eager pools: a peer did not release its messages within 120 s".into(),
                 });
             }
-            std::thread::yield_now();
-        }
+            Ok(None)
+        })?;
         // Everyone switched; one more look makes each receiver follow.
         self.barrier()?;
         self.sh.engine.borrow_mut().progress(&mut self.sh.lend.borrow_mut())?;

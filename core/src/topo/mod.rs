@@ -24,7 +24,8 @@ pub use neighbor::{Block, NeighborRequest};
 pub use plan::NeighborPlan;
 pub use reorder::MappingCost;
 
-use crate::comm::Comm;
+use crate::comm::{Comm, Topology};
+use crate::error::Result;
 
 /// Edge weights of a constructor: a distinct case, not a weight value
 /// (`MPI_UNWEIGHTED`). Either every process passes `Unweighted` or none does.
@@ -109,6 +110,23 @@ impl std::fmt::Debug for DistGraphComm {
 }
 
 impl DistGraphComm {
+    fn new(mut comm: Comm, ins: Vec<(u32, u32)>, outs: Vec<(u32, u32)>, weighted: bool, grouped: bool, cost: Option<MappingCost>) -> Self {
+        comm.topology = Topology::DistGraph;
+        Self { comm, ins, outs, weighted, grouped, cost }
+    }
+
+    /// A graph communicator with the same group, edges and weights and a
+    /// fresh tag space (collective), as `MPI_Comm_dup` keeps the topology.
+    pub fn dup(&self) -> Result<DistGraphComm> {
+        let comm = self.comm.dup()?;
+        Ok(Self::new(comm, self.ins.clone(), self.outs.clone(), self.weighted, self.grouped, self.cost))
+    }
+
+    /// [`Topology::DistGraph`].
+    pub fn topology(&self) -> Topology {
+        self.comm.topology
+    }
+
     /// `(indegree, outdegree, weighted)`: edges into and out of this process
     /// (multiple edges counted each), and false if created `Unweighted`.
     pub fn neighbors_count(&self) -> (usize, usize, bool) {

@@ -258,7 +258,7 @@ impl<T: Pod> NeighborPlan<'_, T> {
             // the loan is retired in `wait`, on failure, or in `Drop`.
             let l = unsafe { lend.lend_owned(rbase.wrapping_add(edge.displ * elem), edge.count * elem, true) };
             self.lent.push(l);
-            match e.start_recv(&mut lend, ctx, Some(edge.world), Some(tag::NEIGHBOR + 1), l, WaitsOn::Peer(edge.world)) {
+            match e.start_recv(&mut lend, ctx, Some(edge.world), Some(tag::NEIGHBOR + 1), l, WaitsOn::Peer(edge.world), false) {
                 Ok(id) => self.pending.push((i, id)),
                 Err(err) => {
                     started = Err(comm.localize(err));

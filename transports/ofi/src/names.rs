@@ -36,6 +36,12 @@ pub fn cleanup_job(job: &str) -> usize {
     fmx_transport::sweep::remove_files_with_prefix(Path::new(SHM_DIR), &job_prefix(job))
 }
 
+/// Directory and name prefix of `job`'s endpoint files, as one path (for a
+/// launcher that removes them from another process).
+pub fn job_file_prefix(job: &str) -> std::path::PathBuf {
+    Path::new(SHM_DIR).join(job_prefix(job))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

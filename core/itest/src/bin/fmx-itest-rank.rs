@@ -812,5 +812,5 @@ fn active_messages() -> R {
         am.extract(usize::MAX).map_err(e2s)?;
         check!(t.elapsed().as_secs() < 90, "only {} ranks said done", done.borrow());
     }
-    Ok(())
+    fmx.finalize().map_err(e2s)
 }
