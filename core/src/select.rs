@@ -133,23 +133,26 @@ fn distinct(nodes: &[u32]) -> usize {
     v.len()
 }
 
-/// Where a job of the given id may leave files: each a directory and a
-/// file-name prefix, as a path (the transports name their files so).
-pub fn job_file_prefixes(job: &str) -> Vec<std::path::PathBuf> {
-    #[allow(unused_mut)]
-    let mut v = vec![fmx_shm::shm_dir().join(fmx_shm::job_prefix(job))];
-    #[cfg(feature = "ofi")]
-    v.push(fmx_ofi::job_file_prefix(job));
-    v
+/// The directories a job's files may be in: fmx's shared-memory directory
+/// (`FMX_SHM_DIR`) and POSIX shared memory's. The names follow
+/// `fmx_transport::sweep`'s convention, whichever transports the ranks had.
+fn job_file_dirs() -> Vec<std::path::PathBuf> {
+    let mut dirs = vec![fmx_shm::shm_dir()];
+    let posix = std::path::PathBuf::from(fmx_transport::sweep::SHM_DIR);
+    if !dirs.contains(&posix) {
+        dirs.push(posix);
+    }
+    dirs
+}
+
+/// Shell globs for the files a job of the given id may leave.
+pub fn job_file_globs(job: &str) -> Vec<String> {
+    job_file_dirs().iter().map(|d| fmx_transport::sweep::job_files_glob(d, job)).collect()
 }
 
 /// Removes whatever files a job of the given id may have left (launchers call this).
 pub fn cleanup_job(job: &str) -> usize {
-    job_file_prefixes(job)
-        .iter()
-        .filter_map(|p| Some((p.parent()?, p.file_name()?.to_str()?)))
-        .map(|(dir, prefix)| fmx_transport::sweep::remove_files_with_prefix(dir, prefix))
-        .sum()
+    job_file_dirs().iter().map(|d| fmx_transport::sweep::remove_job_files(d, job)).sum()
 }
 
 macro_rules! dispatch {
@@ -203,6 +206,9 @@ impl Endpoint for Transport {
     }
     fn write(&mut self, peer: PeerId, local: &[u8], remote: &RemoteKey) -> Result<OpStatus, TransportError> {
         dispatch!(self, ep => ep.write(peer, local, remote))
+    }
+    fn abandon(&mut self, why: &str) -> bool {
+        dispatch!(self, ep => ep.abandon(why))
     }
     fn poll_ops<F>(&mut self, done: F) -> Result<usize, TransportError>
     where

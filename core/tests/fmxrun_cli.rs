@@ -58,3 +58,46 @@ fn a_lone_process_is_a_world_of_one() {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "hello from rank 0 of 1 over loopback; sum of ranks = 0");
 }
+
+/// Issue 15 item 6: out-of-range numbers are errors naming them, not panics.
+#[test]
+fn out_of_range_values_are_named_errors() {
+    for args in [["--timeout", "1e300"], ["--kill-grace", "1e300"], ["-n", "100000"], ["--timeout", "-1"]] {
+        let out = fmxrun().args(args).args(["-n", "1", "true"]).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains(args[0]) && err.contains(args[1]) && !err.contains("panicked"), "{args:?}: {err}");
+    }
+}
+
+/// Issue 15 items 5 and 18: fmxrun killed with SIGKILL (its own cleanup
+/// cannot run) after a reconfiguration request leaves neither the request
+/// file nor any shared-memory file of the job: its cleanup helper removes them.
+#[test]
+fn a_killed_fmxrun_leaves_no_files() {
+    use std::io::BufRead;
+    let mut child = fmxrun()
+        .args(["-n", "1", "sh", "-c", "touch /dev/shm/fmx-$FMX_JOB-0 /dev/shm/fmxofi-$FMX_JOB-0.0; echo $FMX_JOB; exec sleep 30"])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut job = String::new();
+    std::io::BufReader::new(child.stdout.take().unwrap()).read_line(&mut job).unwrap();
+    let job = job.trim().to_owned();
+    let request = std::env::temp_dir().join(format!("fmx-{job}.reconfig"));
+    let files = [request.clone(), format!("/dev/shm/fmx-{job}-0").into(), format!("/dev/shm/fmxofi-{job}-0.0").into()];
+    Command::new("kill").args(["-USR1", &child.id().to_string()]).status().unwrap();
+    let t = std::time::Instant::now();
+    while !request.exists() {
+        assert!(t.elapsed().as_secs() < 10, "fmxrun did not write the request");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    assert!(files.iter().all(|f| f.exists()), "{files:?}");
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let t = std::time::Instant::now();
+    while files.iter().any(|f| f.exists()) {
+        assert!(t.elapsed().as_secs() < 5, "left behind: {:?}", files.iter().filter(|f| f.exists()).collect::<Vec<_>>());
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}

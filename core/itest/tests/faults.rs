@@ -218,3 +218,24 @@ fn item15_a_full_dev_shm_is_an_error_at_init_naming_it() {
         assert!(l.contains("in /dev/shm (") && l.contains("bytes free there") && l.contains("reserving"), "rank {r}: {l}");
     }
 }
+
+/// Item 5: the sender of a 64 MiB message (a rendezvous in flight) is
+/// killed at various moments; the receiver always gets an error naming it
+/// (over libfabric's shm provider its read never completes: the transport
+/// abandons it, closing the endpoint, instead of waiting for ever).
+#[test]
+fn item05_a_killed_rendezvous_sender_is_named_by_the_receiver() {
+    for delay in [0u32, 1, 2, 5, 10, 20, 40] {
+        let d = delay.to_string();
+        let mut l = launch(2, "rendezvous-kill", &[("FAULT_DELAY_MS", &d)]);
+        l.kill_grace = Duration::from_secs(10);
+        let o = l.run().expect("launch");
+        assert_eq!(o.code, 137, "delay {delay} ms:\n{}", dump(&o));
+        no_wrong_answers(&o);
+        let g = gone(&o);
+        assert_eq!(g.get(&1).map(|x| x.0), Some(0), "delay {delay} ms: rank 1 must name rank 0:\n{}", dump(&o));
+        let took = g[&1].2.saturating_sub(dying_at(&o));
+        assert!(took < 5000, "delay {delay} ms: rank 1 knew after {took} ms");
+        assert_no_files(&o);
+    }
+}

@@ -104,6 +104,8 @@ enum Deferred {
 /// How long cancelling a request waits for its in-flight one-sided operation:
 /// longer than a device's retry budget, after which the operation has failed.
 const INFLIGHT_DRAIN_LIMIT: Duration = Duration::from_secs(60);
+/// The same when the job is failing or the operation's peer is gone.
+const ABANDON_AFTER: Duration = Duration::from_secs(1);
 
 /// A rendezvous read or write the transport reported as pending.
 struct InflightOp {
@@ -494,8 +496,8 @@ impl Engine {
             self.progress(lend)?;
             if self.reqs.is_pending(id) {
                 let e = self.failure.as_ref().map(|f| f.error(what)).expect("checked above");
-                self.cancel(id);
                 self.reqs.fail(id, e);
+                self.cancel(id); // failed first: what the cancel settles cannot replace the reason
             }
             return Ok(());
         }
@@ -507,7 +509,6 @@ impl Engine {
                     // other, so a collective message from `peer` with another tag
                     // that is already here means `peer` is not in this collective.
                     if let Some(other) = self.matching.first_tag_from(ctx, peer).filter(|&t| t != tag) {
-                        self.cancel(id);
                         self.reqs.fail(
                             id,
                             Error::CollectiveMismatch {
@@ -520,14 +521,15 @@ impl Engine {
                                 ),
                             },
                         );
+                        self.cancel(id);
                         return Ok(());
                     }
                 }
                 if let Some(state) = self.gone(peer) {
                     self.progress(lend)?;
                     if self.reqs.is_pending(id) {
-                        self.cancel(id);
                         self.reqs.fail(id, peer_gone(peer, what, state, false));
+                        self.cancel(id); // failed first: what the cancel settles cannot replace the reason
                     }
                 }
             }
@@ -545,8 +547,8 @@ impl Engine {
                             // ULFM's PROC_FAILED_PENDING: the others may still send.
                             return Err(peer_gone(peer, what, state, true));
                         }
-                        self.cancel(id);
                         self.reqs.fail(id, peer_gone(peer, what, state, false));
+                        self.cancel(id); // failed first: what the cancel settles cannot replace the reason
                     }
                 }
             }
@@ -579,14 +581,31 @@ impl Engine {
     pub(crate) fn cancel(&mut self, id: ReqId) {
         self.matching.cancel(id);
         // A device may still be writing into (or reading) the request's buffer:
-        // it must finish (or fail) before the buffer's borrow can end.
-        let deadline = Instant::now() + INFLIGHT_DRAIN_LIMIT;
+        // it must finish (or fail) before the buffer's borrow can end. When the
+        // job is failing or the peer is gone it may never finish (libfabric's
+        // shm provider never completes a read from a killed peer): after a
+        // short wait the transport abandons it, if it can.
+        let peers: Vec<u32> = self.inflight.values().filter(|op| op.req == id).map(|op| op.peer).collect();
+        if peers.is_empty() {
+            return self.withdraw(id);
+        }
+        let failing = self.job_failure().is_some() || peers.iter().any(|&p| self.gone(p).is_some());
+        let limit = if failing { ABANDON_AFTER } else { INFLIGHT_DRAIN_LIMIT };
+        let deadline = Instant::now() + limit;
         while self.inflight.values().any(|op| op.req == id) && Instant::now() < deadline {
             if self.finish_inflight().is_err() {
                 break;
             }
             std::thread::yield_now();
         }
+        if failing && self.inflight.values().any(|op| op.req == id) && self.tp.abandon("the job is failing: a peer is gone") {
+            let _ = self.finish_inflight();
+        }
+        self.withdraw(id);
+    }
+
+    /// Revokes a request's exposure and drops its queued sends.
+    fn withdraw(&mut self, id: ReqId) {
         if let Some(key) = self.reqs.get_mut(id).and_then(|r| r.exposed.take()) {
             self.tp.revoke(&key);
         }

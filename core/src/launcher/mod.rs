@@ -457,12 +457,12 @@ fn describe_exit(st: ExitStatus) -> String {
 /// A helper process that removes the job's files when fmxrun goes, however
 /// it goes: it waits for the end of its input, which the kernel closes when
 /// fmxrun exits, even by SIGKILL (fmxrun's own cleanup cannot run then).
-/// fmxrun sends it the prefix of every file it may have to remove, one per line.
+/// fmxrun sends it a shell glob for every file it may have to remove, one per line.
 struct Guardian(Child);
 
 impl Guardian {
-    const SCRIPT: &'static str = "set -f; files=; while IFS= read -r p; do files=\"$files\n$p\"; done; set +f; IFS='\n'; \
-                                  for p in $files; do [ -n \"$p\" ] && rm -f -- \"$p\"*; done";
+    const SCRIPT: &'static str = "set -f; globs=; while IFS= read -r g; do globs=\"$globs\n$g\"; done; set +f; IFS='\n'; \
+                                  for f in $globs; do [ -e \"$f\" ] && rm -f -- \"$f\"; done";
 
     fn start(request_file: &std::path::Path) -> Option<Self> {
         let child = Command::new("/bin/sh")
@@ -481,15 +481,15 @@ impl Guardian {
         };
         // The request file, and the names take_request and write_request give it on the way.
         if let (Some(dir), Some(stem)) = (request_file.parent(), request_file.file_stem()) {
-            g.watch(&dir.join(format!("{}.", stem.to_string_lossy())));
+            g.watch(&format!("{}/{}.*", dir.display(), stem.to_string_lossy()));
         }
         Some(g)
     }
 
-    /// Removes files starting with `prefix` (a path) when fmxrun goes.
-    fn watch(&mut self, prefix: &std::path::Path) {
-        if let (Some(w), Some(p)) = (self.0.stdin.as_mut(), prefix.to_str()) {
-            let _ = writeln!(w, "{p}");
+    /// Removes the files matching the shell glob `glob` when fmxrun goes.
+    fn watch(&mut self, glob: &str) {
+        if let Some(w) = self.0.stdin.as_mut() {
+            let _ = writeln!(w, "{glob}");
         }
     }
 }
@@ -547,8 +547,8 @@ impl JobState {
     fn add_job(&mut self, job: &str) {
         self.jobs.push(job.to_owned());
         if let Some(g) = &mut self.guardian {
-            for p in crate::select::job_file_prefixes(job) {
-                g.watch(&p);
+            for glob in crate::select::job_file_globs(job) {
+                g.watch(&glob);
             }
         }
     }

@@ -177,6 +177,18 @@ pub trait Endpoint: Send {
     /// until completion, as for [`Endpoint::read`]).
     fn write(&mut self, peer: PeerId, local: &[u8], remote: &RemoteKey) -> Result<OpStatus, TransportError>;
 
+    /// Gives up on every one-sided operation still in flight, because the
+    /// job is failing or their peer is gone and they may never complete:
+    /// afterwards none of them touches memory again (each reports as failed
+    /// through [`Endpoint::poll_ops`]), so their buffers may be freed. The
+    /// endpoint may be unusable afterwards (libfabric: it is closed). Returns
+    /// false when the transport cannot end them by itself: the caller then
+    /// waits for them (a device reports them failed after its retry budget).
+    fn abandon(&mut self, why: &str) -> bool {
+        let _ = why;
+        false
+    }
+
     /// Reports one-sided operations that completed since the last call.
     fn poll_ops<F>(&mut self, done: F) -> Result<usize, TransportError>
     where

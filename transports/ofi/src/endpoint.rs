@@ -1268,6 +1268,28 @@ impl Endpoint for OfiEndpoint {
         self.one_sided(peer, remote, local.as_ptr().cast_mut(), local.len(), false)
     }
 
+    /// Closes the endpoint: libfabric then touches none of the buffers its
+    /// operations point into, and every operation still in flight reports
+    /// failed. Whatever is posted later answers `FI_ECANCELED` (the shim
+    /// refuses a closed endpoint). Used when the job is failing: the shm
+    /// provider never completes a read from a killed peer.
+    fn abandon(&mut self, why: &str) -> bool {
+        self.fabric.close_endpoint();
+        for (&id, op) in &mut self.ops {
+            if !self.done_ops.contains(&id) {
+                op.error.get_or_insert_with(|| TransportError::Completion {
+                    op: "RMA operation",
+                    peer: op.peer,
+                    device: self.provider.clone(),
+                    status: format!("abandoned: the endpoint was closed ({why})"),
+                });
+                self.done_ops.push(id);
+            }
+        }
+        self.pending.clear();
+        true
+    }
+
     fn poll_ops<F>(&mut self, mut done: F) -> Result<usize, TransportError>
     where
         F: FnMut(u64, Result<(), TransportError>),

@@ -47,7 +47,7 @@ mod names;
 
 pub use endpoint::{OfiConfig, OfiEndpoint, OfiSetup, DEFAULT_PIECE, DEFAULT_POOL_SLOTS, DEFAULT_SLOT_BYTES};
 pub use fabric::{Info, MrMode};
-pub use names::{cleanup_job, job_file_prefix};
+pub use names::cleanup_job;
 
 /// The libfabric version this build was compiled against.
 pub const LIBFABRIC_VERSION: &str = sys::LIBFABRIC_VERSION;

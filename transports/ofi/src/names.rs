@@ -6,15 +6,16 @@
 //! new process with the same pid finds that file, sees its own pid alive in
 //! it and `fi_enable` fails with EBUSY. Naming the endpoint after the job and
 //! rank avoids the collision, and lets the launcher remove a killed job's
-//! files by prefix ([`cleanup_job`]).
+//! files by prefix ([`cleanup_job`]; the names follow
+//! `fmx_transport::sweep`'s convention, so a launcher built without this
+//! transport sweeps them too).
 
 use std::path::Path;
 use std::sync::atomic::{AtomicU32, Ordering};
 
 /// The provider that names endpoints after files.
 pub(crate) const FILE_NAMED_PROVIDER: &str = "shm";
-/// Where POSIX shared memory (`shm_open`) keeps its files.
-const SHM_DIR: &str = "/dev/shm";
+use fmx_transport::sweep::SHM_DIR;
 
 /// Endpoints this process has named: a process may open the same job and rank twice
 /// (finalize, then init again) while the first file is still being torn down.
@@ -34,12 +35,6 @@ pub(crate) fn endpoint_name(job: &str, rank: u32) -> String {
 /// a job ends.
 pub fn cleanup_job(job: &str) -> usize {
     fmx_transport::sweep::remove_files_with_prefix(Path::new(SHM_DIR), &job_prefix(job))
-}
-
-/// Directory and name prefix of `job`'s endpoint files, as one path (for a
-/// launcher that removes them from another process).
-pub fn job_file_prefix(job: &str) -> std::path::PathBuf {
-    Path::new(SHM_DIR).join(job_prefix(job))
 }
 
 #[cfg(test)]

@@ -32,4 +32,4 @@ pub mod ring;
 pub mod segment;
 
 pub use endpoint::{ShmConfig, ShmEndpoint, ShmSetup, DEFAULT_NEWCOMER_CREDITS, DEFAULT_POOL_SLOTS, DEFAULT_SLOT_BYTES};
-pub use segment::{cleanup_job, job_prefix, segment_path, shm_dir};
+pub use segment::{cleanup_job, segment_path, shm_dir};

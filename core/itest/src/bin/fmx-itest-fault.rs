@@ -75,6 +75,7 @@ fn main() {
         "wildcard-pending" => wildcard_pending(),
         "exit-before-init" => exit_before_init(),
         "blocks-huge" => blocks_huge(),
+        "rendezvous-kill" => rendezvous_kill(),
         other => Err(format!("unknown scenario {other:?}")),
     };
     match r {
@@ -238,6 +239,28 @@ fn wildcard_pending() -> R {
     live.barrier().map_err(e2s)?;
     drop(live);
     fmx.finalize().map_err(e2s)
+}
+
+/// Rank 0 is killed while rank 1 receives its 64 MiB message (a rendezvous
+/// in flight): rank 1 gets an error naming rank 0.
+fn rendezvous_kill() -> R {
+    let fmx = init()?;
+    let w = fmx.world();
+    let me = w.rank();
+    let big = vec![7u8; 64 << 20];
+    w.barrier().map_err(e2s)?;
+    if me == 0 {
+        let delay: u64 = env("FAULT_DELAY_MS").parse().unwrap_or(5);
+        w.scope(|s| {
+            let _ = s.isend(&big, 1, 1)?;
+            std::thread::sleep(std::time::Duration::from_millis(delay));
+            kill_self();
+        })
+        .map_err(e2s)?;
+        return Ok(());
+    }
+    let mut got = vec![0u8; 64 << 20];
+    report(me, w.recv(&mut got, 0, 1).map(drop))
 }
 
 /// Rank 1 exits with code 0 before calling `fmx::init` (see main).

@@ -49,25 +49,31 @@ int fmx_fi_mr_enable(struct fid_mr *mr) { return fi_mr_enable(mr); }
 
 ssize_t fmx_fi_tsend(struct fid_ep *ep, const void *buf, size_t len, void *desc, fi_addr_t dest_addr, uint64_t tag,
                      void *context) {
+    if (!ep) return -FI_ECANCELED; /* closed on purpose: see OfiEndpoint::abandon */
     return fi_tsend(ep, buf, len, desc, dest_addr, tag, context);
 }
 ssize_t fmx_fi_tinject(struct fid_ep *ep, const void *buf, size_t len, fi_addr_t dest_addr, uint64_t tag) {
+    if (!ep) return -FI_ECANCELED; /* closed on purpose: see OfiEndpoint::abandon */
     return fi_tinject(ep, buf, len, dest_addr, tag);
 }
 ssize_t fmx_fi_trecv(struct fid_ep *ep, void *buf, size_t len, void *desc, fi_addr_t src_addr, uint64_t tag,
                      uint64_t ignore, void *context) {
+    if (!ep) return -FI_ECANCELED; /* closed on purpose: see OfiEndpoint::abandon */
     return fi_trecv(ep, buf, len, desc, src_addr, tag, ignore, context);
 }
 ssize_t fmx_fi_read(struct fid_ep *ep, void *buf, size_t len, void *desc, fi_addr_t src_addr, uint64_t addr,
                     uint64_t key, void *context) {
+    if (!ep) return -FI_ECANCELED; /* closed on purpose: see OfiEndpoint::abandon */
     return fi_read(ep, buf, len, desc, src_addr, addr, key, context);
 }
 ssize_t fmx_fi_write(struct fid_ep *ep, const void *buf, size_t len, void *desc, fi_addr_t dest_addr, uint64_t addr,
                      uint64_t key, void *context) {
+    if (!ep) return -FI_ECANCELED; /* closed on purpose: see OfiEndpoint::abandon */
     return fi_write(ep, buf, len, desc, dest_addr, addr, key, context);
 }
 ssize_t fmx_fi_inject_write(struct fid_ep *ep, const void *buf, size_t len, fi_addr_t dest_addr, uint64_t addr,
                             uint64_t key) {
+    if (!ep) return -FI_ECANCELED; /* closed on purpose: see OfiEndpoint::abandon */
     return fi_inject_write(ep, buf, len, dest_addr, addr, key);
 }
 
