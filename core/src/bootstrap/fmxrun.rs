@@ -64,7 +64,10 @@ impl Client {
 
     /// Joins the group served at `addr` as `rank` of `size`.
     pub(crate) fn connect(addr: &str, rank: u32, size: u32, job: String) -> Result<Self> {
-        let boot_timeout = boot_timeout()?;
+        Self::connect_within(addr, rank, size, job, boot_timeout()?)
+    }
+
+    fn connect_within(addr: &str, rank: u32, size: u32, job: String, boot_timeout: Duration) -> Result<Self> {
         let io = |what: String| move |source| Error::BootstrapIo { what, source };
         let sockaddr: std::net::SocketAddr =
             addr.parse().map_err(|_| Error::Bootstrap(format!("{ENV_RENDEZVOUS}={addr:?} is not an address such as 127.0.0.1:4000")))?;
@@ -204,5 +207,73 @@ impl Link {
 impl Failure {
     fn from_notice(body: &[u8]) -> Option<Self> {
         Notice::decode(body).map(Failure::Notice)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::{Read, Write};
+    use std::net::TcpListener;
+
+    /// A fake fmxrun answering the hello with a truncated frame, an
+    /// oversized one, another op, an unknown op, a malformed notice or a
+    /// refusal: each is an error that says what was wrong, never a panic.
+    #[test]
+    fn bad_answers_from_a_fake_fmxrun_are_named_errors() {
+        let cases: [(&[u8], &str); 6] = [
+            (&[10, 0, 0, 0, OP_HELLO, 1], "closed the connection"),
+            (&[255, 255, 255, 255, OP_HELLO], "bootstrap frame of 4294967295 bytes"),
+            (&[1, 0, 0, 0, OP_BARRIER], "answered op"),
+            (&[1, 0, 0, 0, b'?'], "answered op"),
+            (&[3, 0, 0, 0, OP_NOTICE, 1, 2], "malformed failure notice"),
+            (&[6, 0, 0, 0, OP_ERROR, b'n', b'o', b'p', b'e', b'!'], "refused our hello: nope!"),
+        ];
+        for (answer, expect) in cases {
+            let l = TcpListener::bind("127.0.0.1:0").unwrap();
+            let addr = l.local_addr().unwrap().to_string();
+            let server = std::thread::spawn(move || {
+                let (mut s, _) = l.accept().unwrap();
+                let mut hello = [0u8; 17];
+                s.read_exact(&mut hello).unwrap();
+                s.write_all(answer).unwrap();
+            });
+            let e = Client::connect_within(&addr, 0, 2, "j".into(), Duration::from_secs(2)).err().expect("a bad answer").to_string();
+            assert!(e.contains(expect), "{answer:?}: {e}");
+            server.join().unwrap();
+        }
+    }
+
+    /// Item 17 of issue 15: a rendezvous that accepts and never answers, or
+    /// answers one byte at a time, is an error within the start-up timeout.
+    #[test]
+    fn a_silent_or_trickling_rendezvous_times_out() {
+        for trickle in [false, true] {
+            let l = TcpListener::bind("127.0.0.1:0").unwrap();
+            let addr = l.local_addr().unwrap().to_string();
+            let server = std::thread::spawn(move || {
+                let (mut s, _) = l.accept().unwrap();
+                let mut hello = [0u8; 17];
+                s.read_exact(&mut hello).unwrap();
+                if trickle {
+                    let mut reply = Vec::new();
+                    wire::write_frame(&mut reply, OP_HELLO, &[]).unwrap();
+                    for b in reply {
+                        if s.write_all(&[b]).is_err() {
+                            return;
+                        }
+                        std::thread::sleep(Duration::from_millis(400));
+                    }
+                } else {
+                    std::thread::sleep(Duration::from_millis(1500));
+                }
+            });
+            let t = Instant::now();
+            let e = Client::connect_within(&addr, 0, 2, "j".into(), Duration::from_secs(1)).err().expect("no answer");
+            let took = t.elapsed();
+            assert!(took < Duration::from_millis(2500), "trickle={trickle}: {took:?}");
+            assert!(e.to_string().contains(ENV_BOOT_TIMEOUT), "trickle={trickle}: {e}");
+            server.join().unwrap();
+        }
     }
 }

@@ -162,6 +162,43 @@ pub fn decode_blobs(mut b: &[u8]) -> Option<Vec<Vec<u8>>> {
 mod tests {
     use super::*;
 
+    /// 10^6 mutated frames (FMX_FUZZ_ITERS for more): reading a frame, its
+    /// blobs and a notice never panics, never allocates past MAX_FRAME, and
+    /// what decodes encodes back.
+    #[test]
+    fn fuzz_frames_blobs_and_notices() {
+        let mut corpus = Vec::new();
+        let mut f = Vec::new();
+        write_frame(&mut f, OP_ALLGATHER, &encode_blobs(&[b"abc".to_vec(), vec![], vec![7; 40]])).unwrap();
+        corpus.push(f);
+        let n = Notice { member: Some(3), generation: 1, rank: 3, reason: "was killed by signal 9".into() };
+        let mut f = Vec::new();
+        write_frame(&mut f, OP_NOTICE, &n.encode()).unwrap();
+        corpus.push(f);
+        corpus.push(vec![5, 0, 0, 0, OP_HELLO, 1, 2, 3, 4]);
+        let corpus: Vec<&[u8]> = corpus.iter().map(Vec::as_slice).collect();
+        let mut m = fmx_transport::mutate::Mutator::new(0x464d_5852);
+        let mut input = Vec::new();
+        let (iters, t) = (fmx_transport::mutate::iterations(1_000_000), std::time::Instant::now());
+        let mut frames = 0u64;
+        for _ in 0..iters {
+            m.mutate(&corpus, &mut input);
+            let Ok((op, body)) = read_frame(&mut &input[..]) else { continue };
+            frames += 1;
+            assert!(body.len() < MAX_FRAME);
+            if let Some(blobs) = decode_blobs(&body) {
+                assert_eq!(encode_blobs(&blobs), body);
+            }
+            if op == OP_NOTICE {
+                if let Some(n) = Notice::decode(&body) {
+                    assert_eq!(Notice::decode(&n.encode()), Some(n));
+                }
+            }
+        }
+        eprintln!("fuzz fmxrun frames: {iters} inputs ({frames} frames) in {:?}", t.elapsed());
+        assert!(frames > 0 && frames < iters);
+    }
+
     #[test]
     fn frames_and_blobs_roundtrip() {
         let mut buf = Vec::new();

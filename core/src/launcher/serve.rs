@@ -463,6 +463,36 @@ fn spawn_reply(generation: u32, np: u32, frames: &[(usize, (u8, Vec<u8>))], even
 mod tests {
     use super::*;
 
+    /// 10^6 mutated byte streams as a rank could send them (FMX_FUZZ_ITERS
+    /// for more): the server's framing and spawn decoding never panic, and a
+    /// frame is taken only whole.
+    #[test]
+    fn fuzz_what_ranks_send() {
+        let mut corpus = Vec::new();
+        for (op, body) in [
+            (OP_HELLO, vec![1, 0, 0, 0, 4, 0, 0, 0, 9, 9, 0, 0]),
+            (OP_SPAWN, vec![3, 0, 0, 0, 1, b'k', b'=', b'v']),
+            (OP_ABORT, b"panicked".to_vec()),
+        ] {
+            let mut f = Vec::new();
+            wire::write_frame(&mut f, op, &body).unwrap();
+            corpus.push(f);
+        }
+        let corpus: Vec<&[u8]> = corpus.iter().map(Vec::as_slice).collect();
+        let mut m = fmx_transport::mutate::Mutator::new(7);
+        let mut input = Vec::new();
+        let iters = fmx_transport::mutate::iterations(1_000_000);
+        for _ in 0..iters {
+            m.mutate(&corpus, &mut input);
+            let mut buf = input.clone();
+            while let Ok(Some((op, body))) = frame_in(&mut buf) {
+                if op == OP_SPAWN {
+                    let _ = decode_spawn(&body);
+                }
+            }
+        }
+    }
+
     #[test]
     fn frames_are_taken_whole_from_a_buffer() {
         let mut b = Vec::new();

@@ -37,6 +37,7 @@ pub mod header;
 pub mod lend;
 pub mod liveness;
 pub mod loopback;
+pub mod mutate;
 pub mod own;
 pub mod pool;
 pub mod settings;

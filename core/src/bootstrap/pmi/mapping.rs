@@ -12,9 +12,12 @@ pub(crate) fn parse(text: &str, size: u32) -> Result<Vec<u32>, String> {
     if per_pass == 0 {
         return Err(format!("PMI_process_mapping {text:?} places no rank"));
     }
+    if let Some(&(start, count, _)) = triples.iter().find(|&&(s, c, _)| s.checked_add(c).is_none()) {
+        return Err(format!("PMI_process_mapping {text:?}: nodes {start} + {count} overflow the node numbers"));
+    }
     let mut nodes = Vec::with_capacity(size as usize);
     'fill: loop {
-        for &(start, count, ranks) in &triples {
+        for &(start, count, ranks) in triples.iter().filter(|t| t.2 > 0) {
             for node in start..start + count {
                 for _ in 0..ranks {
                     if nodes.len() == size as usize {
@@ -33,14 +36,19 @@ pub(crate) fn parse(text: &str, size: u32) -> Result<Vec<u32>, String> {
     Ok(nodes)
 }
 
+/// Whether some whole number of nodes of the first pass places exactly
+/// `size` ranks (arithmetic, not a walk: counts may be huge).
 fn ends_on_block(triples: &[(u32, u32, u32)], size: u32) -> bool {
     let mut placed = 0u64;
     for &(_, count, ranks) in triples {
-        for _ in 0..count {
-            placed += u64::from(ranks);
-            if placed == u64::from(size) {
-                return true;
-            }
+        let (count, ranks) = (u64::from(count), u64::from(ranks));
+        let left = u64::from(size) - placed.min(u64::from(size));
+        if ranks > 0 && left % ranks == 0 && left / ranks <= count && left > 0 {
+            return true;
+        }
+        placed = placed.saturating_add(count * ranks);
+        if placed >= u64::from(size) {
+            return false;
         }
     }
     false
@@ -83,5 +91,10 @@ mod tests {
         assert!(parse("(vector,(0,0,0))", 4).unwrap_err().contains("no rank"));
         let e = parse("(vector,(0,2,4))", 5).unwrap_err();
         assert!(e.contains("does not match a job of 5 ranks"), "{e}");
+        // Item 17 of issue 15: a start index that overflows is an error, not a hang.
+        let e = parse("(vector,(4294967295,2,1))", 4).unwrap_err();
+        assert!(e.contains("overflow"), "{e}");
+        // A triple with no ranks per node is skipped, whatever its node count.
+        assert_eq!(parse("(vector,(0,4000000000,0),(0,1,2))", 2).unwrap(), [0, 0]);
     }
 }

@@ -78,7 +78,7 @@ pub struct SpawnRequest {
 /// A connected PMI client.
 pub(crate) struct Client {
     version: Version,
-    conn: BufReader<UnixStream>,
+    conn: BufReader<wire::Deadlined>,
     timeout: Duration,
     pub(crate) rank: u32,
     pub(crate) size: u32,
@@ -145,7 +145,7 @@ impl Client {
         stream.set_write_timeout(Some(timeout)).map_err(io)?;
         let mut c = Self {
             version,
-            conn: BufReader::new(stream),
+            conn: BufReader::new(wire::Deadlined::new(stream)),
             timeout,
             rank: 0,
             size: 0,
@@ -493,6 +493,9 @@ impl Client {
     }
 
     fn read_reply(&mut self, version: Version, what: &str) -> Result<Msg> {
+        // The whole reply within the timeout: a server that trickles bytes
+        // cannot stretch it byte by byte.
+        self.conn.get_mut().deadline = Some(std::time::Instant::now() + self.timeout);
         let r = match version {
             Version::V1 => wire::read_v1(&mut self.conn),
             Version::V2 => wire::read_v2(&mut self.conn),
@@ -512,5 +515,7 @@ impl Client {
     }
 }
 
+#[cfg(test)]
+mod fuzz;
 #[cfg(test)]
 mod tests;

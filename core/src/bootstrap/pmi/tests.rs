@@ -93,6 +93,29 @@ fn a_silent_manager_times_out() {
     assert!(e.contains("no answer to init") && e.contains("FMX_PMI_TIMEOUT"), "{e}");
 }
 
+/// Item 17 of issue 15: a server that answers one byte per 300 ms meets
+/// the timeout for the whole reply (1 s), not per byte (the reply has 60 bytes).
+#[test]
+fn a_trickling_manager_times_out_for_the_whole_reply() {
+    let (ours, mut theirs) = UnixStream::pair().unwrap();
+    let t = thread::spawn(move || {
+        let mut line = String::new();
+        BufReader::new(theirs.try_clone().unwrap()).read_line(&mut line).unwrap();
+        for b in b"cmd=response_to_init pmi_version=1 pmi_subversion=1 rc=0\n" {
+            if theirs.write_all(&[*b]).is_err() {
+                return;
+            }
+            thread::sleep(Duration::from_millis(300));
+        }
+    });
+    let started = std::time::Instant::now();
+    let e = Client::connect(ours, Version::V1, Duration::from_secs(1), &hints(0, 2)).err().unwrap().to_string();
+    let took = started.elapsed();
+    assert!(e.contains("no answer to init") && e.contains("FMX_PMI_TIMEOUT"), "{e}");
+    assert!(took < Duration::from_secs(3), "took {took:?} for a 1 s timeout");
+    t.join().unwrap();
+}
+
 /// A PMI-2 server: the init line, then framed requests answered by `answer`.
 fn v2_server(answer: impl Fn(&str) -> String + Send + 'static) -> UnixStream {
     let (ours, theirs) = UnixStream::pair().unwrap();

@@ -125,6 +125,39 @@ pub(crate) fn parse_v2(body: &str) -> io::Result<Msg> {
     from_fields(fields.iter().map(String::as_str), "PMI-2", body)
 }
 
+/// The PMI socket, whose reads end at a deadline for the whole reply (each
+/// read waits at most what is left of it), not a timeout per read.
+pub(crate) struct Deadlined {
+    stream: std::os::unix::net::UnixStream,
+    pub(crate) deadline: Option<std::time::Instant>,
+}
+
+impl Deadlined {
+    pub(crate) fn new(stream: std::os::unix::net::UnixStream) -> Self {
+        Self { stream, deadline: None }
+    }
+}
+
+impl Read for Deadlined {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        if let Some(d) = self.deadline {
+            let left = d.checked_duration_since(std::time::Instant::now()).filter(|l| !l.is_zero());
+            let left = left.ok_or_else(|| io::Error::new(io::ErrorKind::TimedOut, "no complete reply before the deadline"))?;
+            self.stream.set_read_timeout(Some(left))?;
+        }
+        self.stream.read(buf)
+    }
+}
+
+impl Write for Deadlined {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.stream.write(buf)
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        self.stream.flush()
+    }
+}
+
 /// Longest reply accepted (bounds memory against a confused server).
 const MAX_REPLY: usize = 1 << 20;
 
