@@ -20,9 +20,19 @@ use crate::status::{Source, Status, Tag};
 pub struct Request<'s> {
     id: ReqId,
     elem_size: usize,
-    /// A collective's receive: the message must fill the buffer exactly.
-    exact: bool,
+    check: Check,
     _scope: PhantomData<&'s mut &'s ()>,
+}
+
+/// What a finished operation's status is checked for, by kind.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Check {
+    /// The user's own: truncation and partial elements ([`Comm::status`]).
+    PointToPoint,
+    /// A collective's: truncation is named by the collective, not by its internal tag.
+    Collective,
+    /// A collective's that must fill its buffer exactly.
+    Exact,
 }
 
 /// Where non-blocking operations live; see [`Comm::scope`].
@@ -36,7 +46,7 @@ pub struct Scope<'s, 'env> {
     lender: &'s Lender<'s, 'env>,
     /// Requests not yet waited for, with their element sizes and exactness
     /// (for the checks [`Scope::wait`] makes when the scope completes them).
-    pending: RefCell<Vec<(ReqId, usize, bool)>>,
+    pending: RefCell<Vec<(ReqId, usize, Check)>>,
 }
 
 impl<'s, 'env> Scope<'s, 'env> {
@@ -49,14 +59,19 @@ impl<'s, 'env> Scope<'s, 'env> {
         self.comm
     }
 
-    fn request(&self, id: ReqId, elem_size: usize, exact: bool) -> Request<'s> {
-        self.pending.borrow_mut().push((id, elem_size, exact));
-        Request { id, elem_size, exact, _scope: PhantomData }
+    fn request(&self, id: ReqId, elem_size: usize, check: Check) -> Request<'s> {
+        self.pending.borrow_mut().push((id, elem_size, check));
+        Request { id, elem_size, check, _scope: PhantomData }
     }
 
     /// The user's status of a finished operation, with the checks its kind needs.
-    fn status(&self, raw: RawStatus, elem_size: usize, exact: bool) -> Result<Status> {
-        if exact && raw.sent != raw.capacity {
+    fn status(&self, raw: RawStatus, elem_size: usize, check: Check) -> Result<Status> {
+        let off = match check {
+            Check::Exact => raw.sent != raw.capacity,
+            Check::Collective => raw.sent > raw.capacity,
+            Check::PointToPoint => false,
+        };
+        if off {
             let source = self.comm.world_to_comm.get(raw.src as usize).copied().unwrap_or(crate::comm::NOT_MEMBER);
             return Err(Error::CollectiveMismatch {
                 op: coll_name(raw.tag),
@@ -85,7 +100,7 @@ impl<'s, 'env> Scope<'s, 'env> {
             e.start_send(&lend, ctx, tag, w, lent)
         }
         .map_err(|e| self.comm.localize(e))?;
-        Ok(self.request(id, std::mem::size_of::<T>(), false))
+        Ok(self.request(id, std::mem::size_of::<T>(), Check::PointToPoint))
     }
 
     /// Starts receiving into `buf` from `src` with `tag` (wildcards allowed).
@@ -104,7 +119,8 @@ impl<'s, 'env> Scope<'s, 'env> {
         tag: Option<u32>,
         waits_on: WaitsOn,
     ) -> Result<Request<'s>> {
-        self.irecv_checked(ctx, buf, src, tag, waits_on, false)
+        let check = if ctx == self.comm.coll_ctx() { Check::Collective } else { Check::PointToPoint };
+        self.irecv_checked(ctx, buf, src, tag, waits_on, check)
     }
 
     fn irecv_checked<T: Pod>(
@@ -114,7 +130,7 @@ impl<'s, 'env> Scope<'s, 'env> {
         src: Option<u32>,
         tag: Option<u32>,
         waits_on: WaitsOn,
-        exact: bool,
+        check: Check,
     ) -> Result<Request<'s>> {
         let lent = self.lender.lend_mut(bytemuck::cast_slice_mut(buf));
         let id = {
@@ -123,7 +139,7 @@ impl<'s, 'env> Scope<'s, 'env> {
             e.start_recv(&mut lend, ctx, src, tag, lent, waits_on, ctx == self.comm.coll_ctx())
         }
         .map_err(|e| self.comm.localize(e))?;
-        Ok(self.request(id, std::mem::size_of::<T>(), exact))
+        Ok(self.request(id, std::mem::size_of::<T>(), check))
     }
 
     /// Receive from a known communicator rank on the collective context.
@@ -137,7 +153,7 @@ impl<'s, 'env> Scope<'s, 'env> {
     /// is [`Error::CollectiveMismatch`] naming the collective and the sender.
     pub(crate) fn irecv_exact<T: Pod>(&self, buf: &'env mut [T], src: u32, tag: u32) -> Result<Request<'s>> {
         let w = self.comm.check_rank("collective source", src)?;
-        self.irecv_checked(self.comm.coll_ctx(), buf, Some(w), Some(tag), WaitsOn::Peer(w), true)
+        self.irecv_checked(self.comm.coll_ctx(), buf, Some(w), Some(tag), WaitsOn::Peer(w), Check::Exact)
     }
 
     /// Send to a communicator rank on the collective context.
@@ -166,7 +182,7 @@ impl<'s, 'env> Scope<'s, 'env> {
             e.take(req.id).ok_or(Error::StaleRequest(req.id.index()))?
         };
         match raw {
-            Ok(raw) => self.status(raw, req.elem_size, req.exact),
+            Ok(raw) => self.status(raw, req.elem_size, req.check),
             Err(e) => Err(self.comm.localize(e)),
         }
     }
@@ -181,7 +197,7 @@ impl<'s, 'env> Scope<'s, 'env> {
         let r = sh.engine.borrow_mut().wait(&mut sh.lend.borrow_mut(), req.id);
         match r {
             Err(err) if sh.engine.borrow().is_pending(req.id) => Err(self.comm.localize(err)),
-            _ => self.wait(Request { id: req.id, elem_size: req.elem_size, exact: req.exact, _scope: PhantomData }),
+            _ => self.wait(Request { id: req.id, elem_size: req.elem_size, check: req.check, _scope: PhantomData }),
         }
     }
 
@@ -233,17 +249,17 @@ impl<'s, 'env> Scope<'s, 'env> {
     /// Each is checked as [`Scope::wait`] checks it: a receive that was
     /// truncated or got a partial element is an error here too.
     pub(crate) fn finish(&self) -> Result<()> {
-        let ids: Vec<(ReqId, usize, bool)> = std::mem::take(&mut *self.pending.borrow_mut());
+        let ids: Vec<(ReqId, usize, Check)> = std::mem::take(&mut *self.pending.borrow_mut());
         let sh = &self.comm.sh;
         let mut e = sh.engine.borrow_mut();
         let mut lend = sh.lend.borrow_mut();
         let mut first_err = None;
-        for (id, elem_size, exact) in ids {
+        for (id, elem_size, check) in ids {
             if first_err.is_none() {
                 match e.wait(&mut lend, id) {
                     Ok(()) => {
                         let checked = match e.take(id) {
-                            Some(Ok(raw)) => self.status(raw, elem_size, exact).err(),
+                            Some(Ok(raw)) => self.status(raw, elem_size, check).err(),
                             Some(Err(err)) => Some(self.comm.localize(err)),
                             None => None,
                         };
