@@ -3,6 +3,7 @@
 //! their OSU-column / JSON rendering, and the side-by-side comparisons with
 //! MPI peers and fi_pingpong.
 
+pub mod check_cost;
 pub mod compare;
 pub mod neighbor;
 pub mod neighbor_compare;

@@ -7,7 +7,7 @@ use std::process::ExitCode;
 
 use fmx_bench::params::{Params, Test};
 use fmx_bench::peers::pin;
-use fmx_bench::{compare, neighbor, neighbor_compare, ofi_compare, osu, redistribute, report};
+use fmx_bench::{check_cost, compare, neighbor, neighbor_compare, ofi_compare, osu, redistribute, report};
 
 const USAGE: &str = "usage:
   fmx-perf latency|bw|bibw [--min-size B] [--max-size B] [--iters N] [--warmup N] [--window N] [--json] [--plain] [--transport NAME]
@@ -15,7 +15,9 @@ const USAGE: &str = "usage:
   fmx-perf neighbor [--np N] [--ks 1,64,4096,65536]        (alone: N local ranks, default 2; or under fmxrun/mpiexec/srun)
   fmx-perf neighbor-compare [--ranks 2,4] [--ks ...] [--update-readme FILE]
   fmx-perf ofi-compare [--provider tcp;ofi_rxm] [--domain lo] [--server 127.0.0.1] [--sizes 8,1048576] [--iters N] [--reps 3] [--update-readme FILE]
-                       (needs the `ofi` feature: cargo run --release --features fmx-bench/ofi --bin fmx-perf -- ofi-compare)";
+                       (needs the `ofi` feature: cargo run --release --features fmx-bench/ofi --bin fmx-perf -- ofi-compare)
+  fmx-perf check-cost [--np 4] [--sizes 8,1048576] [--iters 2000] [--reps 5] [--update-readme FILE]
+                       (allreduce with and without FMX_CHECK=collectives, interleaved jobs)";
 
 fn size_arg(v: Option<String>, what: &str) -> Result<usize, String> {
     let v = v.ok_or_else(|| format!("{what} needs a value"))?;
@@ -120,6 +122,8 @@ fn main() -> ExitCode {
         Some("neighbor") => Some(("neighbor", neighbor_main)),
         Some("redistribute") => Some(("redistribute", |a| redistribute::main(&a[1..]))),
         Some("redistribute-rank") => Some(("redistribute-rank", |a| redistribute::rank_main(&a[1..]))),
+        Some("check-cost") => Some(("check-cost", |a| check_cost::main(&a[1..]))),
+        Some("check-cost-rank") => Some(("check-cost-rank", |a| check_cost::rank_main(&a[1..]))),
         _ => None,
     };
     if let Some((name, run)) = sub {
