@@ -70,7 +70,9 @@
 //! shared-memory transport is always built.
 // Unsafe code only where it is unavoidable, each block with its SAFETY
 // comment: adopting the PMI socket a process manager hands over by number,
-// and a persistent plan's loans of (and copies within) the buffers it owns.
+// a persistent plan's loans of (and copies within) the buffers it owns, and
+// the engine's one-sided operations (exposures, reads, writes), whose
+// buffers the lend table keeps alive until their completion.
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 

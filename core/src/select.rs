@@ -192,20 +192,28 @@ impl Endpoint for Transport {
     {
         dispatch!(self, ep => ep.poll(max, sink))
     }
-    fn expose(&mut self, buf: &[u8]) -> Result<RemoteKey, TransportError> {
-        dispatch!(self, ep => ep.expose(buf))
+    #[allow(unsafe_code)]
+    unsafe fn expose(&mut self, buf: &[u8]) -> Result<RemoteKey, TransportError> {
+        // SAFETY: the caller's promise (see the trait) is passed on unchanged.
+        dispatch!(self, ep => unsafe { ep.expose(buf) })
     }
-    fn expose_mut(&mut self, buf: &mut [u8]) -> Result<RemoteKey, TransportError> {
-        dispatch!(self, ep => ep.expose_mut(buf))
+    #[allow(unsafe_code)]
+    unsafe fn expose_mut(&mut self, buf: &mut [u8]) -> Result<RemoteKey, TransportError> {
+        // SAFETY: the caller's promise (see the trait) is passed on unchanged.
+        dispatch!(self, ep => unsafe { ep.expose_mut(buf) })
     }
     fn revoke(&mut self, key: &RemoteKey) {
         dispatch!(self, ep => ep.revoke(key));
     }
-    fn read(&mut self, peer: PeerId, remote: &RemoteKey, local: &mut [u8]) -> Result<OpStatus, TransportError> {
-        dispatch!(self, ep => ep.read(peer, remote, local))
+    #[allow(unsafe_code)]
+    unsafe fn read(&mut self, peer: PeerId, remote: &RemoteKey, local: &mut [u8]) -> Result<OpStatus, TransportError> {
+        // SAFETY: the caller's promise (see the trait) is passed on unchanged.
+        dispatch!(self, ep => unsafe { ep.read(peer, remote, local) })
     }
-    fn write(&mut self, peer: PeerId, local: &[u8], remote: &RemoteKey) -> Result<OpStatus, TransportError> {
-        dispatch!(self, ep => ep.write(peer, local, remote))
+    #[allow(unsafe_code)]
+    unsafe fn write(&mut self, peer: PeerId, local: &[u8], remote: &RemoteKey) -> Result<OpStatus, TransportError> {
+        // SAFETY: the caller's promise (see the trait) is passed on unchanged.
+        dispatch!(self, ep => unsafe { ep.write(peer, local, remote) })
     }
     fn abandon(&mut self, why: &str) -> bool {
         dispatch!(self, ep => ep.abandon(why))

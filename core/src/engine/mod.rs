@@ -187,7 +187,12 @@ impl Engine {
                 self.enqueue(dest, Outgoing { header, payload: Payload::Lent(buf), completes: Some(req) });
             }
         } else {
-            let key = self.tp.expose(data)?;
+            #[allow(unsafe_code)]
+            // SAFETY: `data` is lent (`buf`): the lend scope that lent it does not
+            // end before this request is finished or withdrawn (scopes complete or
+            // discard every request; a blocking send waits), and both paths revoke
+            // the key first: the FIN (the peer is done) or `withdraw`.
+            let key = unsafe { self.tp.expose(data)? };
             if let Some(r) = self.reqs.get_mut(req) {
                 r.exposed = Some(key);
                 r.buf = Some(buf);
@@ -369,7 +374,12 @@ impl Engine {
                     let mine = if split {
                         // Expose our buffer; the sender writes the second half while we read the first.
                         let half = (n / 2) & !63;
-                        let rkey = self.tp.expose_mut(&mut dst[..n])?;
+                        #[allow(unsafe_code)]
+                        // SAFETY: `dst` is the lent receive buffer; as for a send's
+                        // exposure, its lend scope outlives the request, which the
+                        // peer's FIN or `withdraw` revokes the key of first, and the
+                        // engine touches `dst` only through the read below meanwhile.
+                        let rkey = unsafe { self.tp.expose_mut(&mut dst[..n])? };
                         if let Some(r) = self.reqs.get_mut(req) {
                             r.exposed = Some(rkey);
                             r.parts_left = 2;
@@ -381,7 +391,12 @@ impl Engine {
                     } else {
                         n
                     };
-                    let r = key.slice(peer, 0, mine as u64).and_then(|k| self.tp.read(peer, &k, &mut dst[..mine]));
+                    #[allow(unsafe_code)]
+                    // SAFETY: `dst` is lent: its scope ends only after this request
+                    // is finished or withdrawn, and `cancel` waits for (or the
+                    // transport abandons) the pending read recorded in `inflight`
+                    // before a request's buffer is given back.
+                    let r = key.slice(peer, 0, mine as u64).and_then(|k| unsafe { self.tp.read(peer, &k, &mut dst[..mine]) });
                     self.after_one_sided(r, InflightOp { req, peer, fin, status, part: split })?;
                 }
                 Deferred::WriteHalf { req, peer, key, recv_cookie } => {
@@ -395,7 +410,15 @@ impl Engine {
                         Some(src) => {
                             let n = src.len().min(key.len as usize);
                             let half = (n / 2) & !63;
-                            key.slice(peer, half as u64, (n - half) as u64).and_then(|k| self.tp.write(peer, &src[half..n], &k))
+                            #[allow(unsafe_code)]
+                            // SAFETY: `src` is the send's lent buffer or the vector the
+                            // request owns; either lives until the request is finished
+                            // or withdrawn, and `cancel` waits for (or abandons) the
+                            // pending write recorded in `inflight` first.
+                            let r = key
+                                .slice(peer, half as u64, (n - half) as u64)
+                                .and_then(|k| unsafe { self.tp.write(peer, &src[half..n], &k) });
+                            r
                         }
                         None => Err(fmx_transport::TransportError::Malformed { peer, what: "CTS for a send that is no longer pending" }),
                     };
@@ -648,7 +671,11 @@ impl Engine {
         if data.len() > self.max_eager {
             // Rendezvous from the vector we now own (its heap buffer does not move);
             // the request frees itself, and the vector, when the receiver says FIN.
-            let key = self.tp.expose(&data)?;
+            #[allow(unsafe_code)]
+            // SAFETY: the vector moves into the request below, and its heap buffer
+            // does not move with it; the request drops it only when the receiver's
+            // FIN says it read everything, or after `withdraw` revoked the key.
+            let key = unsafe { self.tp.expose(&data)? };
             let len = data.len() as u64;
             let req = self.reqs.insert(WaitsOn::Peer(dest), "sending an active message");
             if let Some(r) = self.reqs.get_mut(req) {

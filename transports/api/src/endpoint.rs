@@ -158,24 +158,50 @@ pub trait Endpoint: Send {
         F: FnMut(PeerId, &MsgHeader, &[u8]);
 
     /// Makes `buf` readable by peers through the returned key until
-    /// [`Endpoint::revoke`]. The caller keeps `buf` alive and unmoved until
-    /// then (the core guarantees it through [`crate::lend`]).
-    fn expose(&mut self, buf: &[u8]) -> Result<RemoteKey, TransportError>;
+    /// [`Endpoint::revoke`].
+    ///
+    /// # Safety
+    /// `buf` must stay allocated and unmoved until `revoke(&key)` returns (or
+    /// the endpoint is dropped): a peer's device or process reads it directly,
+    /// beyond any borrow. fmx's core guarantees it through [`crate::lend`].
+    unsafe fn expose(&mut self, buf: &[u8]) -> Result<RemoteKey, TransportError>;
 
     /// Makes `buf` writable by peers, like [`Endpoint::expose`].
-    fn expose_mut(&mut self, buf: &mut [u8]) -> Result<RemoteKey, TransportError>;
+    ///
+    /// # Safety
+    /// As [`Endpoint::expose`], and nothing else may read or write `buf`
+    /// until the revoke: a peer writes into it.
+    unsafe fn expose_mut(&mut self, buf: &mut [u8]) -> Result<RemoteKey, TransportError>;
 
     /// Ends remote access through `key`.
     fn revoke(&mut self, key: &RemoteKey);
 
     /// Reads `local.len()` bytes of `peer`'s exposed `remote` region into `local`.
-    /// When it answers [`OpStatus::Pending`], the caller keeps `local` alive,
-    /// unmoved and untouched until [`Endpoint::poll_ops`] reports the id.
-    fn read(&mut self, peer: PeerId, remote: &RemoteKey, local: &mut [u8]) -> Result<OpStatus, TransportError>;
+    ///
+    /// # Safety
+    /// When it answers [`OpStatus::Pending`], `local` must stay allocated,
+    /// unmoved and untouched until [`Endpoint::poll_ops`] reports the id (or
+    /// [`Endpoint::abandon`] returned true, or the endpoint is dropped): the
+    /// device writes into it after this call has returned and its borrow ended.
+    ///
+    /// Safe code cannot call it, so this misuse, which let a device write
+    /// into freed memory while `read` was a safe function, no longer compiles:
+    /// ```compile_fail,E0133
+    /// fn misuse(ep: &mut impl fmx_transport::Endpoint, key: &fmx_transport::RemoteKey) {
+    ///     let mut v = vec![0u8; 1 << 20];
+    ///     let _ = ep.read(1, key, &mut v); // may answer Pending...
+    ///     drop(v); // ...and the device would write here after the free
+    /// }
+    /// ```
+    unsafe fn read(&mut self, peer: PeerId, remote: &RemoteKey, local: &mut [u8]) -> Result<OpStatus, TransportError>;
 
-    /// Writes `local` into `peer`'s exposed `remote` region (`local` kept alive
-    /// until completion, as for [`Endpoint::read`]).
-    fn write(&mut self, peer: PeerId, local: &[u8], remote: &RemoteKey) -> Result<OpStatus, TransportError>;
+    /// Writes `local` into `peer`'s exposed `remote` region.
+    ///
+    /// # Safety
+    /// When it answers [`OpStatus::Pending`], `local` must stay allocated and
+    /// unmoved, and unwritten, until [`Endpoint::poll_ops`] reports the id (as
+    /// for [`Endpoint::read`]): the device reads it after this call returned.
+    unsafe fn write(&mut self, peer: PeerId, local: &[u8], remote: &RemoteKey) -> Result<OpStatus, TransportError>;
 
     /// Gives up on every one-sided operation still in flight, because the
     /// job is failing or their peer is gone and they may never complete:

@@ -74,21 +74,21 @@ impl Endpoint for Loopback {
         Ok(n)
     }
 
-    fn expose(&mut self, _buf: &[u8]) -> Result<RemoteKey, TransportError> {
+    unsafe fn expose(&mut self, _buf: &[u8]) -> Result<RemoteKey, TransportError> {
         Err(Self::no_one_sided())
     }
 
-    fn expose_mut(&mut self, _buf: &mut [u8]) -> Result<RemoteKey, TransportError> {
+    unsafe fn expose_mut(&mut self, _buf: &mut [u8]) -> Result<RemoteKey, TransportError> {
         Err(Self::no_one_sided())
     }
 
     fn revoke(&mut self, _key: &RemoteKey) {}
 
-    fn read(&mut self, _peer: PeerId, _remote: &RemoteKey, _local: &mut [u8]) -> Result<OpStatus, TransportError> {
+    unsafe fn read(&mut self, _peer: PeerId, _remote: &RemoteKey, _local: &mut [u8]) -> Result<OpStatus, TransportError> {
         Err(Self::no_one_sided())
     }
 
-    fn write(&mut self, _peer: PeerId, _local: &[u8], _remote: &RemoteKey) -> Result<OpStatus, TransportError> {
+    unsafe fn write(&mut self, _peer: PeerId, _local: &[u8], _remote: &RemoteKey) -> Result<OpStatus, TransportError> {
         Err(Self::no_one_sided())
     }
 

@@ -1243,12 +1243,12 @@ impl Endpoint for OfiEndpoint {
         Ok(n)
     }
 
-    fn expose(&mut self, buf: &[u8]) -> Result<RemoteKey, TransportError> {
+    unsafe fn expose(&mut self, buf: &[u8]) -> Result<RemoteKey, TransportError> {
         // Not writable: peers get read access only.
         self.expose_region(buf.as_ptr().cast_mut(), buf.len(), false)
     }
 
-    fn expose_mut(&mut self, buf: &mut [u8]) -> Result<RemoteKey, TransportError> {
+    unsafe fn expose_mut(&mut self, buf: &mut [u8]) -> Result<RemoteKey, TransportError> {
         self.expose_region(buf.as_mut_ptr(), buf.len(), true)
     }
 
@@ -1259,11 +1259,11 @@ impl Endpoint for OfiEndpoint {
         self.exposed.remove(&(key.addr, key.key)); // an owned buffer: nothing to do
     }
 
-    fn read(&mut self, peer: PeerId, remote: &RemoteKey, local: &mut [u8]) -> Result<OpStatus, TransportError> {
+    unsafe fn read(&mut self, peer: PeerId, remote: &RemoteKey, local: &mut [u8]) -> Result<OpStatus, TransportError> {
         self.one_sided(peer, remote, local.as_mut_ptr(), local.len(), true)
     }
 
-    fn write(&mut self, peer: PeerId, local: &[u8], remote: &RemoteKey) -> Result<OpStatus, TransportError> {
+    unsafe fn write(&mut self, peer: PeerId, local: &[u8], remote: &RemoteKey) -> Result<OpStatus, TransportError> {
         // A write only reads `local`; the pointer is not written through.
         self.one_sided(peer, remote, local.as_ptr().cast_mut(), local.len(), false)
     }

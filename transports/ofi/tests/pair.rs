@@ -123,8 +123,10 @@ fn traffic(rank: u32, ep: &mut OfiEndpoint) {
     if rank == 1 {
         let src: Vec<u8> = (0..len).map(|j| (j % 251) as u8).collect();
         let mut dst = vec![7u8; len];
-        let rkey = ep.expose(&src).unwrap();
-        let wkey = ep.expose_mut(&mut dst).unwrap();
+        // SAFETY: the buffer outlives the operation: it is revoked or completed (waited for) before it is dropped.
+        let rkey = unsafe { ep.expose(&src) }.unwrap();
+        // SAFETY: the buffer outlives the operation: it is revoked or completed (waited for) before it is dropped.
+        let wkey = unsafe { ep.expose_mut(&mut dst) }.unwrap();
         let mut keys = rkey.encode().to_vec();
         keys.extend_from_slice(&wkey.encode());
         send(ep, peer, &MsgHeader::eager(1000, keys.len(), 0), &keys);
@@ -140,16 +142,19 @@ fn traffic(rank: u32, ep: &mut OfiEndpoint) {
         let rkey = fmx_transport::RemoteKey::decode(&d).unwrap();
         let wkey = fmx_transport::RemoteKey::decode(&d[24..]).unwrap();
         let mut got = vec![0u8; len];
-        let s = ep.read(peer, &rkey, &mut got).unwrap();
+        // SAFETY: the buffer outlives the operation: it is revoked or completed (waited for) before it is dropped.
+        let s = unsafe { ep.read(peer, &rkey, &mut got) }.unwrap();
         wait_op(ep, s).unwrap();
         assert!(got.iter().enumerate().all(|(j, &b)| b == (j % 251) as u8), "read content");
         let pattern = vec![0xa5u8; len / 2];
         let half = wkey.slice(peer, (len / 2) as u64, (len / 2) as u64).unwrap();
-        let s = ep.write(peer, &pattern, &half).unwrap();
+        // SAFETY: the buffer outlives the operation: it is revoked or completed (waited for) before it is dropped.
+        let s = unsafe { ep.write(peer, &pattern, &half) }.unwrap();
         wait_op(ep, s).unwrap();
         let mut one_more = vec![0u8; 1];
         assert!(matches!(
-            rkey.slice(peer, len as u64, 1).and_then(|k| ep.read(peer, &k, &mut one_more)),
+            // SAFETY: the buffer outlives the operation: it is revoked or completed (waited for) before it is dropped.
+            rkey.slice(peer, len as u64, 1).and_then(|k| unsafe { ep.read(peer, &k, &mut one_more) }),
             Err(TransportError::RemoteBounds { peer: 1, .. })
         ));
         send(ep, peer, &MsgHeader::eager(1001, 0, 0), &[]);

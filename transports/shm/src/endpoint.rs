@@ -416,24 +416,25 @@ impl Endpoint for ShmEndpoint {
         Ok(n)
     }
 
-    fn expose(&mut self, buf: &[u8]) -> Result<RemoteKey, TransportError> {
+    unsafe fn expose(&mut self, buf: &[u8]) -> Result<RemoteKey, TransportError> {
         Ok(RemoteKey { addr: buf.as_ptr() as u64, len: buf.len() as u64, key: 0 })
     }
 
-    fn expose_mut(&mut self, buf: &mut [u8]) -> Result<RemoteKey, TransportError> {
-        self.expose(buf)
+    unsafe fn expose_mut(&mut self, buf: &mut [u8]) -> Result<RemoteKey, TransportError> {
+        // SAFETY: our caller made expose_mut's promise, which includes expose's.
+        unsafe { self.expose(buf) }
     }
 
     fn revoke(&mut self, _key: &RemoteKey) {}
 
-    fn read(&mut self, peer: PeerId, remote: &RemoteKey, local: &mut [u8]) -> Result<OpStatus, TransportError> {
+    unsafe fn read(&mut self, peer: PeerId, remote: &RemoteKey, local: &mut [u8]) -> Result<OpStatus, TransportError> {
         self.check_peer(peer)?;
         let r = remote.slice(peer, 0, local.len() as u64)?;
         cma::read_from(peer, self.pids[peer as usize], r.addr, local)?;
         Ok(OpStatus::Done)
     }
 
-    fn write(&mut self, peer: PeerId, local: &[u8], remote: &RemoteKey) -> Result<OpStatus, TransportError> {
+    unsafe fn write(&mut self, peer: PeerId, local: &[u8], remote: &RemoteKey) -> Result<OpStatus, TransportError> {
         self.check_peer(peer)?;
         let r = remote.slice(peer, 0, local.len() as u64)?;
         cma::write_to(peer, self.pids[peer as usize], local, r.addr)?;
@@ -607,16 +608,21 @@ mod tests {
     fn single_copy_read_and_write_and_bounds() {
         let (mut a, mut b, dir) = pair("cma", 4, 2);
         let src: Vec<u8> = (0..100_000u32).map(|i| (i * 7) as u8).collect();
-        let key = a.expose(&src).unwrap();
+        // SAFETY: the buffer outlives the operation: it is revoked or completed (waited for) before it is dropped.
+        let key = unsafe { a.expose(&src) }.unwrap();
         let mut dst = vec![0u8; src.len()];
-        assert_eq!(b.read(0, &key, &mut dst).unwrap(), OpStatus::Done);
+        // SAFETY: the buffer outlives the operation: it is revoked or completed (waited for) before it is dropped.
+        assert_eq!(unsafe { b.read(0, &key, &mut dst) }.unwrap(), OpStatus::Done);
         assert_eq!(dst, src);
         let mut target = vec![0u8; 10];
-        let tkey = a.expose_mut(&mut target).unwrap();
-        assert_eq!(b.write(0, &[9; 10], &tkey).unwrap(), OpStatus::Done);
+        // SAFETY: the buffer outlives the operation: it is revoked or completed (waited for) before it is dropped.
+        let tkey = unsafe { a.expose_mut(&mut target) }.unwrap();
+        // SAFETY: the buffer outlives the operation: it is revoked or completed (waited for) before it is dropped.
+        assert_eq!(unsafe { b.write(0, &[9; 10], &tkey) }.unwrap(), OpStatus::Done);
         assert_eq!(target, [9; 10]);
         let mut big = vec![0u8; 11];
-        assert!(matches!(b.read(0, &tkey, &mut big), Err(TransportError::RemoteBounds { len: 11, region: 10, .. })));
+        // SAFETY: the buffer outlives the operation: it is revoked or completed (waited for) before it is dropped.
+        assert!(matches!(unsafe { b.read(0, &tkey, &mut big) }, Err(TransportError::RemoteBounds { len: 11, region: 10, .. })));
         let h = MsgHeader::control(MsgKind::Rts, 1, 5, 2, RemoteKey::BYTES);
         assert_eq!(b.try_send(0, &h, &key.encode()).unwrap(), SendOutcome::Sent);
         let got = drain(&mut a);

@@ -988,12 +988,12 @@ impl Endpoint for VerbsEndpoint {
         Ok(n)
     }
 
-    fn expose(&mut self, buf: &[u8]) -> Result<RemoteKey, TransportError> {
+    unsafe fn expose(&mut self, buf: &[u8]) -> Result<RemoteKey, TransportError> {
         // Not writable: the region is only read through this pointer.
         self.expose_region(buf.as_ptr().cast_mut(), buf.len(), false)
     }
 
-    fn expose_mut(&mut self, buf: &mut [u8]) -> Result<RemoteKey, TransportError> {
+    unsafe fn expose_mut(&mut self, buf: &mut [u8]) -> Result<RemoteKey, TransportError> {
         self.expose_region(buf.as_mut_ptr(), buf.len(), true)
     }
 
@@ -1013,11 +1013,11 @@ impl Endpoint for VerbsEndpoint {
         }
     }
 
-    fn read(&mut self, peer: PeerId, remote: &RemoteKey, local: &mut [u8]) -> Result<OpStatus, TransportError> {
+    unsafe fn read(&mut self, peer: PeerId, remote: &RemoteKey, local: &mut [u8]) -> Result<OpStatus, TransportError> {
         self.one_sided(peer, remote, local.as_mut_ptr(), local.len(), true)
     }
 
-    fn write(&mut self, peer: PeerId, local: &[u8], remote: &RemoteKey) -> Result<OpStatus, TransportError> {
+    unsafe fn write(&mut self, peer: PeerId, local: &[u8], remote: &RemoteKey) -> Result<OpStatus, TransportError> {
         // A WRITE only reads `local`; the pointer is not written through.
         self.one_sided(peer, remote, local.as_ptr().cast_mut(), local.len(), false)
     }

@@ -129,15 +129,19 @@ fn rdma_read_and_write_move_user_buffers_bounced_registered_or_owned() {
     // above the device's message size on rxe) are registered per operation.
     for len in [1usize << 10, 64 << 10, 1 << 20, 20 << 20] {
         let src: Vec<u8> = (0..len).map(|i| (i * 7 + len) as u8).collect();
-        let key = b.expose(&src).unwrap();
+        // SAFETY: the buffer outlives the operation: it is revoked or completed (waited for) before it is dropped.
+        let key = unsafe { b.expose(&src) }.unwrap();
         let mut dst = vec![0u8; len];
-        let st = a.read(1, &key, &mut dst).unwrap();
+        // SAFETY: the buffer outlives the operation: it is revoked or completed (waited for) before it is dropped.
+        let st = unsafe { a.read(1, &key, &mut dst) }.unwrap();
         complete(&mut a, &mut b, st);
         b.revoke(&key);
         assert!(dst == src, "RDMA READ of {len} bytes");
         let mut target = vec![0u8; len];
-        let tkey = b.expose_mut(&mut target).unwrap();
-        let st = a.write(1, &src, &tkey).unwrap();
+        // SAFETY: the buffer outlives the operation: it is revoked or completed (waited for) before it is dropped.
+        let tkey = unsafe { b.expose_mut(&mut target) }.unwrap();
+        // SAFETY: the buffer outlives the operation: it is revoked or completed (waited for) before it is dropped.
+        let st = unsafe { a.write(1, &src, &tkey) }.unwrap();
         complete(&mut a, &mut b, st);
         b.revoke(&tkey);
         assert!(target == src, "RDMA WRITE of {len} bytes");
@@ -147,10 +151,12 @@ fn rdma_read_and_write_move_user_buffers_bounced_registered_or_owned() {
     // One buffer exposed by several sends at once (a window): each key stays
     // valid until its own revoke.
     let src: Vec<u8> = (0..1usize << 20).map(|i| (i % 251) as u8).collect();
-    let keys: Vec<RemoteKey> = (0..4).map(|_| b.expose(&src).unwrap()).collect();
+    // SAFETY: the buffer outlives the operation: it is revoked or completed (waited for) before it is dropped.
+    let keys: Vec<RemoteKey> = (0..4).map(|_| unsafe { b.expose(&src) }.unwrap()).collect();
     for (i, key) in keys.iter().enumerate().rev() {
         let mut dst = vec![0u8; src.len()];
-        let st = a.read(1, key, &mut dst).unwrap();
+        // SAFETY: the buffer outlives the operation: it is revoked or completed (waited for) before it is dropped.
+        let st = unsafe { a.read(1, key, &mut dst) }.unwrap();
         complete(&mut a, &mut b, st);
         assert!(dst == src, "read through key {i} of 4 on one buffer");
         b.revoke(key);
@@ -160,9 +166,11 @@ fn rdma_read_and_write_move_user_buffers_bounced_registered_or_owned() {
     b.register_owned(&owned).unwrap();
     let before = b.registration_stats();
     for _ in 0..10 {
-        let key = b.expose(&owned[1000..200_000]).unwrap();
+        // SAFETY: the buffer outlives the operation: it is revoked or completed (waited for) before it is dropped.
+        let key = unsafe { b.expose(&owned[1000..200_000]) }.unwrap();
         let mut dst = vec![0u8; 199_000];
-        let st = a.read(1, &key, &mut dst).unwrap();
+        // SAFETY: the buffer outlives the operation: it is revoked or completed (waited for) before it is dropped.
+        let st = unsafe { a.read(1, &key, &mut dst) }.unwrap();
         complete(&mut a, &mut b, st);
         b.revoke(&key);
         assert!(dst.iter().all(|&x| x == 3));
@@ -172,13 +180,16 @@ fn rdma_read_and_write_move_user_buffers_bounced_registered_or_owned() {
     assert_eq!(after.owned_hits - before.owned_hits, 10);
     b.deregister_owned(&owned);
     // Out of bounds is refused before anything is posted.
-    let key = b.expose(&owned[..10]).unwrap();
+    // SAFETY: the buffer outlives the operation: it is revoked or completed (waited for) before it is dropped.
+    let key = unsafe { b.expose(&owned[..10]) }.unwrap();
     let mut big = vec![0u8; 11];
-    assert!(matches!(a.read(1, &key, &mut big), Err(TransportError::RemoteBounds { len: 11, region: 10, .. })));
+    // SAFETY: the buffer outlives the operation: it is revoked or completed (waited for) before it is dropped.
+    assert!(matches!(unsafe { a.read(1, &key, &mut big) }, Err(TransportError::RemoteBounds { len: 11, region: 10, .. })));
     // A forged key is the device's remote access error, naming the peer.
     let forged = RemoteKey { key: key.key ^ 0x5555, ..key };
     let mut small = vec![0u8; 10];
-    let st = a.read(1, &forged, &mut small).unwrap();
+    // SAFETY: the buffer outlives the operation: it is revoked or completed (waited for) before it is dropped.
+    let st = unsafe { a.read(1, &forged, &mut small) }.unwrap();
     let OpStatus::Pending(id) = st else { panic!("a forged read cannot complete inline") };
     let mut err = None;
     until(&mut a, &mut b, |a, _| {
