@@ -168,6 +168,14 @@ impl Comm {
         self.sh.engine.borrow().tp.name()
     }
 
+    /// How messages above the eager limit move on this transport (for
+    /// example whether shared memory copies once, by cross-memory attach, or
+    /// twice, through the segments where the kernel refuses it).
+    pub fn large_message_path(&self) -> String {
+        use fmx_transport::Endpoint;
+        self.sh.engine.borrow().tp.large_message_path()
+    }
+
     pub(crate) fn check_rank(&self, what: &'static str, r: u32) -> Result<u32> {
         self.members.get(r as usize).copied().ok_or(Error::InvalidRank { what, rank: i64::from(r), size: self.size() })
     }

@@ -218,6 +218,9 @@ impl Endpoint for Transport {
     fn abandon(&mut self, why: &str) -> bool {
         dispatch!(self, ep => ep.abandon(why))
     }
+    fn large_message_path(&self) -> String {
+        dispatch!(self, ep => ep.large_message_path())
+    }
     fn poll_ops<F>(&mut self, done: F) -> Result<usize, TransportError>
     where
         F: FnMut(u64, Result<(), TransportError>),

@@ -9,6 +9,7 @@ log, out = sys.argv[1], sys.argv[2]
 lines = open(log, errors="replace").read().splitlines()
 suite, results, tests, caps, bench, section = None, {}, [], [], [], None
 extra_rows = []
+yama = []
 done = None
 for line in lines:
     m = re.match(r"FMX-VM begin (\S+)", line)
@@ -26,6 +27,9 @@ for line in lines:
         continue
     if line.startswith(("FMX-VM counters", "FMX-VM netns", "FMX-VM fi_info")):
         print(line[len("FMX-VM "):])
+    if line.startswith("FMX-YAMA-ROW "):
+        yama.append(line[len("FMX-YAMA-ROW "):])
+        continue
     if line.startswith("FMX-CAPS-ROW "):
         extra_rows.append(line[len("FMX-CAPS-ROW "):])
         continue
@@ -51,7 +55,7 @@ for name, (st, why) in results.items():
     ok &= st == "pass"
 bench_only = open(f"{out}/initramfs/fmx/bench").read().strip() == "2"
 only = open(f"{out}/initramfs/fmx/only").read().strip()
-for required in ("setup", "probe") + (("bench",) if bench_only else () if only else ("fmx-itest/multiprocess", "fmx-verbs/device_pair")):
+for required in ("setup", "probe") + (("bench",) if bench_only else () if only else ("fmx-itest/multiprocess", "fmx-verbs/device_pair", "shm-yama")):
     if required not in results:
         print(f"MISSING suite {required}")
         ok = False
@@ -68,6 +72,10 @@ for row in extra_rows:  # measured outside the probe: replaces the probe's row o
 if caps:
     open(f"{out}/capabilities.md", "w").write("\n".join(caps) + "\n")
     print(f"capability table: {out}/capabilities.md")
+if yama:
+    table = ["| ptrace_scope | large messages over shm (unprivileged ranks) | bw 4 MiB, MB/s |", "|---|---|---|"] + yama
+    open(f"{out}/yama.md", "w").write("\n".join(table) + "\n")
+    print("\n".join(table))
 if bench:
     open(f"{out}/bench.txt", "w").write("\n".join(bench) + "\n")
     print("\n".join(bench))

@@ -67,6 +67,7 @@ fn run_rank(p: &Params) -> Result<(), String> {
             print!("{}", report::json(p.test, tp, &rows));
         } else {
             print!("{}", report::osu_header(p.test, tp));
+            println!("# large messages: {}", world.large_message_path());
             // Like perftest (and OSU under an MPI registration cache), buffers are registered once.
             println!(
                 "# buffers: {}",

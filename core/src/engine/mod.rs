@@ -51,7 +51,7 @@ const LIVENESS_EVERY: Duration = Duration::from_millis(20);
 fn queue(dest: u32, kind: MsgKind) -> usize {
     let lane = match kind {
         MsgKind::Eager | MsgKind::Rts => 0,
-        MsgKind::Cts | MsgKind::Fin | MsgKind::Credit => 1,
+        MsgKind::Cts | MsgKind::Fin | MsgKind::Credit | MsgKind::Internal => 1,
     };
     2 * dest as usize + lane
 }
@@ -807,7 +807,7 @@ fn on_message(
                 deferred.push(Deferred::WriteHalf { req, peer, key, recv_cookie: h.match_bits });
             }
         }
-        MsgKind::Credit => {}
+        MsgKind::Credit | MsgKind::Internal => {}
     }
 }
 

@@ -44,7 +44,7 @@ impl Class {
     pub fn of(kind: crate::MsgKind) -> Self {
         match kind {
             crate::MsgKind::Eager | crate::MsgKind::Rts => Self::Data,
-            crate::MsgKind::Cts | crate::MsgKind::Fin | crate::MsgKind::Credit => Self::Ctrl,
+            crate::MsgKind::Cts | crate::MsgKind::Fin | crate::MsgKind::Credit | crate::MsgKind::Internal => Self::Ctrl,
         }
     }
 }

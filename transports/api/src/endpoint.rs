@@ -260,6 +260,11 @@ pub trait Endpoint: Send {
         true
     }
 
+    /// How messages above the eager limit move, in words (benchmarks print it).
+    fn large_message_path(&self) -> String {
+        "one-sided read of the sender's buffer".into()
+    }
+
     /// Registers memory the caller owns and keeps until
     /// [`Endpoint::deregister_owned`] (a registered buffer): operations on it
     /// then need no registration of their own. Transports without

@@ -31,6 +31,9 @@ pub enum MsgKind {
     Fin = 4,
     /// Explicit credit return (no payload).
     Credit = 5,
+    /// A transport's own message (its meaning in `match_bits`): handled inside
+    /// the transport, never handed to the core.
+    Internal = 6,
 }
 
 impl MsgKind {
@@ -41,6 +44,7 @@ impl MsgKind {
             3 => Self::Cts,
             4 => Self::Fin,
             5 => Self::Credit,
+            6 => Self::Internal,
             _ => return None,
         })
     }

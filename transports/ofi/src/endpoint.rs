@@ -1228,7 +1228,7 @@ impl Endpoint for OfiEndpoint {
             let class = Class::of(h.kind);
             let p = self.peers[peer as usize].as_mut().expect("checked above");
             p.credits.on_receive(h.credits, h.ctrl_credits);
-            if h.kind != MsgKind::Credit {
+            if !matches!(h.kind, MsgKind::Credit | MsgKind::Internal) {
                 sink(peer, &h, &bytes[HEADER_BYTES..]);
             }
             // The slot is free again only once reposted: its credit goes back after that.
@@ -1350,6 +1350,14 @@ impl Endpoint for OfiEndpoint {
     /// 158 us whole) and without RMA (each half costs control messages).
     fn split_rendezvous(&self) -> bool {
         self.split
+    }
+
+    fn large_message_path(&self) -> String {
+        if self.rma {
+            format!("fi_read of the sender's buffer (libfabric {})", self.provider)
+        } else {
+            format!("GET requests and tagged messages (libfabric {} without FI_RMA)", self.provider)
+        }
     }
 
     fn register_owned(&mut self, region: &[u8]) -> Result<(), TransportError> {

@@ -4,6 +4,28 @@
 
 use fmx_transport::{PeerId, TransportError};
 
+/// Lets the job's processes attach to this one for single-copy transfers
+/// where Yama's `ptrace_scope=1` would refuse them (any process of this user
+/// may then attach, as after Open MPI's vader sets up). Without Yama, or under
+/// stricter settings, nothing changes: [`may_attach`] tells.
+pub fn allow_peers() {
+    // SAFETY: prctl with integer arguments only; a kernel without Yama answers
+    // EINVAL, which changes nothing.
+    unsafe { libc::prctl(libc::PR_SET_PTRACER, libc::PR_SET_PTRACER_ANY, 0, 0, 0) };
+}
+
+/// Whether the kernel lets us read process `pid`'s memory: one byte at
+/// `probe`, an address the peer named in its address (its segment's base).
+/// `Ok(false)` when refused (ptrace rules, seccomp); an error when the peer is gone.
+pub fn may_attach(peer: PeerId, pid: u32, probe: u64) -> Result<bool, TransportError> {
+    let mut byte = [0u8; 1];
+    match read_from(peer, pid, probe, &mut byte) {
+        Ok(()) => Ok(true),
+        Err(TransportError::Unsupported(_)) => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
 /// Which way the bytes go.
 #[derive(Clone, Copy, Debug)]
 pub enum Direction {

@@ -10,6 +10,7 @@ use crate::cma;
 use crate::layout::{state, Layout, CTRL_SLOTS, OWN_SLOTS, RELEASED_WORD, SWITCH_WORD};
 use crate::ring::{RxRing, TxRing};
 use crate::segment::{segment_path, shm_dir, validate_job_id, Segment};
+use crate::staged::{self, Staged};
 use fmx_transport::liveness::PeerWatch;
 
 /// Default eager pool per process, in slots (`P`), shared by all peers.
@@ -39,6 +40,9 @@ pub struct ShmConfig {
     pub threshold: Option<u32>,
     /// Directory of the segment files.
     pub dir: PathBuf,
+    /// Try cross-memory attach for large messages (`FMX_SHM_CMA=0`: never,
+    /// copy through the segments as where the kernel refuses it).
+    pub cma: bool,
 }
 
 impl ShmConfig {
@@ -60,6 +64,7 @@ impl ShmConfig {
             newcomer: num("FMX_NEWCOMER_CREDITS", limits::NEWCOMER_CREDITS)?.map_or(DEFAULT_NEWCOMER_CREDITS, |n| n as u32),
             threshold: num("FMX_CREDIT_THRESHOLD", limits::CREDIT_THRESHOLD)?.map(|n| n as u32),
             dir: shm_dir(),
+            cma: fmx_transport::settings::env_number("FMX_SHM_CMA")?.is_none_or(|v| v != 0),
         })
     }
 
@@ -81,18 +86,24 @@ pub struct ShmSetup {
 }
 
 impl ShmSetup {
-    /// Creates our segment file.
+    /// Creates our segment file, and lets the job's processes attach to ours
+    /// for single-copy transfers (Yama's `ptrace_scope=1`).
     pub fn create(cfg: ShmConfig) -> Result<Self, TransportError> {
         validate_job_id(&cfg.job)?;
+        cma::allow_peers();
         let credit = cfg.credits()?;
         let path = segment_path(&cfg.dir, &cfg.job, cfg.rank);
         let own = Segment::create(path, cfg.rank, cfg.layout())?;
         Ok(Self { cfg, credit, own })
     }
 
-    /// What peers need to reach us: our pid (4 bytes, little-endian).
+    /// What peers need to reach us: our pid (4 bytes, little-endian), and an
+    /// address in our memory they may read one byte of, to learn at connect
+    /// whether the kernel lets them attach (8 bytes).
     pub fn address(&self) -> Vec<u8> {
-        std::process::id().to_le_bytes().to_vec()
+        let mut a = std::process::id().to_le_bytes().to_vec();
+        a.extend_from_slice(&(self.own.base() as u64).to_le_bytes());
+        a
     }
 
     /// Maps every peer's segment. `addresses[r]` is rank r's [`ShmSetup::address`].
@@ -108,12 +119,16 @@ impl ShmSetup {
         let me = cfg.rank;
         let mut peers = Vec::with_capacity(cfg.size as usize);
         let mut pids = Vec::with_capacity(cfg.size as usize);
+        let mut attach = Vec::with_capacity(cfg.size as usize);
         for (r, addr) in addresses.iter().enumerate() {
             let r = r as u32;
-            let pid = addr
-                .get(..4)
-                .map(|b| u32::from_le_bytes(b.try_into().expect("4 bytes")))
-                .ok_or(TransportError::Malformed { peer: r, what: "shm address shorter than 4 bytes" })?;
+            let (pid, probe) = match (addr.get(..4), addr.get(4..12)) {
+                (Some(p), Some(a)) => {
+                    (u32::from_le_bytes(p.try_into().expect("4 bytes")), u64::from_le_bytes(a.try_into().expect("8 bytes")))
+                }
+                _ => return Err(TransportError::Malformed { peer: r, what: "shm address shorter than 12 bytes" }),
+            };
+            attach.push(r == me || (cfg.cma && cma::may_attach(r, pid, probe)?));
             if r == me {
                 peers.push(None);
             } else {
@@ -152,6 +167,8 @@ impl ShmSetup {
             unlinked: false,
             window_in: vec![credit.slice; cfg.size as usize],
             pending_out: vec![None; cfg.size as usize],
+            attach,
+            staged: Staged::default(),
         })
     }
 }
@@ -184,6 +201,10 @@ pub struct ShmEndpoint {
     window_in: Vec<u32>,
     /// A window toward a peer that we switch to once the peer released all we sent.
     pending_out: Vec<Option<u32>>,
+    /// Toward which peers cross-memory attach works (probed at connect).
+    attach: Vec<bool>,
+    /// Reads and serves copied through the segments where it does not.
+    staged: Staged,
 }
 
 impl ShmEndpoint {
@@ -271,37 +292,10 @@ impl ShmEndpoint {
         }
     }
 
-    /// Applies the totals that `peer` left in our mailbox for it.
-    fn read_mailbox(&mut self, peer: PeerId) {
-        let v = self.own.u64_at(self.layout.mailbox(peer)).load(Ordering::Acquire);
-        self.credits[peer as usize].on_credit(v as u16, (v >> 32) as u8);
-    }
-}
-
-impl Drop for ShmEndpoint {
-    fn drop(&mut self) {
-        self.own.state().store(state::FINALIZED, Ordering::Release);
-        self.unlink();
-    }
-}
-
-impl Endpoint for ShmEndpoint {
-    fn local_id(&self) -> PeerId {
-        self.rank
-    }
-
-    fn num_peers(&self) -> u32 {
-        self.size
-    }
-
-    fn max_eager(&self) -> usize {
-        self.max_eager
-    }
-
-    #[inline]
-    fn try_send(&mut self, peer: PeerId, header: &MsgHeader, payload: &[u8]) -> Result<SendOutcome, TransportError> {
+    /// Sends into the ring of `class` (the transport's own pieces travel in
+    /// data slots though their kind is a control kind).
+    fn send_class(&mut self, peer: PeerId, class: Class, header: &MsgHeader, payload: &[u8]) -> Result<SendOutcome, TransportError> {
         self.check_peer(peer)?;
-        let class = Class::of(header.kind);
         let max = if class == Class::Data || peer == self.rank { self.max_eager } else { self.max_ctrl };
         if payload.len() > max {
             return Err(TransportError::EagerTooLarge { len: payload.len(), max });
@@ -339,6 +333,86 @@ impl Endpoint for ShmEndpoint {
         Ok(SendOutcome::Sent)
     }
 
+    /// Sends what staged copies have waiting (requests, refusals, pieces),
+    /// as far as credits allow.
+    fn pump_staged(&mut self) -> Result<(), TransportError> {
+        while let Some(&(peer, get)) = self.staged.gets.front() {
+            let h = staged::header(staged::GET, 0, 0, get.len());
+            if self.send_class(peer, Class::Ctrl, &h, &get)? != SendOutcome::Sent {
+                break;
+            }
+            self.staged.gets.pop_front();
+        }
+        while let Some(&(peer, id)) = self.staged.refusals.front() {
+            if self.send_class(peer, Class::Ctrl, &staged::header(staged::REFUSED, id, 0, 0), &[])? != SendOutcome::Sent {
+                break;
+            }
+            self.staged.refusals.pop_front();
+        }
+        // Serves, round robin; a peer out of credit waits for the next pump.
+        let mut blocked: Vec<PeerId> = Vec::new();
+        let mut left = self.staged.serves.len();
+        while left > 0 {
+            let Some(mut s) = self.staged.serves.pop_front() else { break };
+            if blocked.contains(&s.peer) {
+                self.staged.serves.push_back(s);
+                left -= 1;
+                continue;
+            }
+            let n = (s.len - s.sent).min(self.max_eager);
+            // SAFETY: `addr..addr+len` lies inside a buffer we exposed (checked when
+            // the request arrived) and have not revoked (revoke drops its serves):
+            // its owner keeps it alive and unmoved until then (Endpoint::expose).
+            let piece = unsafe { std::slice::from_raw_parts((s.addr as usize + s.sent) as *const u8, n) };
+            let h = staged::header(staged::PIECE, s.id, s.sent as u64, n);
+            if self.send_class(s.peer, Class::Data, &h, piece)? == SendOutcome::Sent {
+                s.sent += n;
+                if s.sent < s.len {
+                    self.staged.serves.push_front(s);
+                } else {
+                    left -= 1;
+                }
+            } else {
+                blocked.push(s.peer);
+                self.staged.serves.push_back(s);
+                left -= 1;
+            }
+        }
+        Ok(())
+    }
+
+    /// Applies the totals that `peer` left in our mailbox for it.
+    fn read_mailbox(&mut self, peer: PeerId) {
+        let v = self.own.u64_at(self.layout.mailbox(peer)).load(Ordering::Acquire);
+        self.credits[peer as usize].on_credit(v as u16, (v >> 32) as u8);
+    }
+}
+
+impl Drop for ShmEndpoint {
+    fn drop(&mut self) {
+        self.own.state().store(state::FINALIZED, Ordering::Release);
+        self.unlink();
+    }
+}
+
+impl Endpoint for ShmEndpoint {
+    fn local_id(&self) -> PeerId {
+        self.rank
+    }
+
+    fn num_peers(&self) -> u32 {
+        self.size
+    }
+
+    fn max_eager(&self) -> usize {
+        self.max_eager
+    }
+
+    #[inline]
+    fn try_send(&mut self, peer: PeerId, header: &MsgHeader, payload: &[u8]) -> Result<SendOutcome, TransportError> {
+        self.send_class(peer, Class::of(header.kind), header, payload)
+    }
+
     fn credit(&mut self, peer: PeerId) -> SendOutcome {
         if peer >= self.size {
             return SendOutcome::Backpressure;
@@ -365,6 +439,7 @@ impl Endpoint for ShmEndpoint {
         F: FnMut(PeerId, &MsgHeader, &[u8]),
     {
         let mut n = 0;
+        let mut failed = None;
         let size = self.size;
         for k in 0..size {
             let peer = (self.poll_from + k) % size;
@@ -390,8 +465,14 @@ impl Endpoint for ShmEndpoint {
                     if !own_ring {
                         self.credits[p].on_receive(h.credits, h.ctrl_credits);
                     }
-                    if h.kind != MsgKind::Credit {
-                        sink(peer, &h, slot.payload);
+                    match h.kind {
+                        MsgKind::Credit => {}
+                        MsgKind::Internal => {
+                            if let Err(e) = self.staged.on_message(peer, &h, slot.payload) {
+                                failed.get_or_insert(e);
+                            }
+                        }
+                        _ => sink(peer, &h, slot.payload),
                     }
                     ring.release();
                     if own_ring {
@@ -413,11 +494,22 @@ impl Endpoint for ShmEndpoint {
         if self.explicit_due {
             self.return_credits();
         }
+        if let Some(e) = failed {
+            return Err(e);
+        }
+        if !self.staged.is_idle() {
+            self.pump_staged()?;
+        }
         Ok(n)
     }
 
     unsafe fn expose(&mut self, buf: &[u8]) -> Result<RemoteKey, TransportError> {
-        Ok(RemoteKey { addr: buf.as_ptr() as u64, len: buf.len() as u64, key: 0 })
+        let key = RemoteKey { addr: buf.as_ptr() as u64, len: buf.len() as u64, key: 0 };
+        if self.attach.iter().any(|&a| !a) {
+            // Some peer reads it through us: serve only what is exposed.
+            self.staged.exposed.push((key.addr, key.len));
+        }
+        Ok(key)
     }
 
     unsafe fn expose_mut(&mut self, buf: &mut [u8]) -> Result<RemoteKey, TransportError> {
@@ -425,27 +517,81 @@ impl Endpoint for ShmEndpoint {
         unsafe { self.expose(buf) }
     }
 
-    fn revoke(&mut self, _key: &RemoteKey) {}
+    fn revoke(&mut self, key: &RemoteKey) {
+        if !self.staged.exposed.is_empty() {
+            self.staged.revoke(key.addr, key.len);
+        }
+    }
 
     unsafe fn read(&mut self, peer: PeerId, remote: &RemoteKey, local: &mut [u8]) -> Result<OpStatus, TransportError> {
         self.check_peer(peer)?;
         let r = remote.slice(peer, 0, local.len() as u64)?;
+        if !self.attach[peer as usize] {
+            // The caller keeps `local` alive and untouched until poll_ops reports (our contract).
+            let id = self.staged.start_read(peer, r.addr, local.as_mut_ptr(), local.len());
+            self.pump_staged()?;
+            return Ok(OpStatus::Pending(id));
+        }
         cma::read_from(peer, self.pids[peer as usize], r.addr, local)?;
         Ok(OpStatus::Done)
     }
 
     unsafe fn write(&mut self, peer: PeerId, local: &[u8], remote: &RemoteKey) -> Result<OpStatus, TransportError> {
         self.check_peer(peer)?;
+        if !self.attach[peer as usize] {
+            return Err(TransportError::Unsupported(format!(
+                "a one-sided write to peer {peer}: cross-memory attach is refused toward it (split_rendezvous is off then)"
+            )));
+        }
         let r = remote.slice(peer, 0, local.len() as u64)?;
         cma::write_to(peer, self.pids[peer as usize], local, r.addr)?;
         Ok(OpStatus::Done)
     }
 
-    fn poll_ops<F>(&mut self, _done: F) -> Result<usize, TransportError>
+    fn poll_ops<F>(&mut self, mut done: F) -> Result<usize, TransportError>
     where
         F: FnMut(u64, Result<(), TransportError>),
     {
-        Ok(0) // every one-sided operation completes inside its call
+        // Single-copy operations complete inside their call; staged reads here.
+        if !self.staged.reads.is_empty() {
+            let gone: Vec<PeerId> = self.staged.reads.values().map(|r| r.peer).filter(|&p| self.watches[p as usize].exited()).collect();
+            for p in gone {
+                self.staged.fail_peer(p, "its process exited during a staged read");
+            }
+        }
+        let finished = std::mem::take(&mut self.staged.done);
+        let n = finished.len();
+        for (id, r) in finished {
+            done(id, r);
+        }
+        Ok(n)
+    }
+
+    fn abandon(&mut self, why: &str) -> bool {
+        // Only this process's own polls copy into a staged read's buffer:
+        // forgetting the reads is enough.
+        let ids: Vec<u64> = self.staged.reads.keys().copied().collect();
+        for id in ids {
+            if let Some(r) = self.staged.reads.remove(&id) {
+                self.staged.done.push((id, Err(TransportError::PeerGone { peer: r.peer, reason: format!("abandoned: {why}") })));
+            }
+        }
+        true
+    }
+
+    fn split_rendezvous(&self) -> bool {
+        self.attach.iter().all(|&a| a)
+    }
+
+    /// How messages above the eager limit move: one copy (cross-memory
+    /// attach), or two through the segments toward peers it is refused for.
+    fn large_message_path(&self) -> String {
+        let refused = (0..self.size).filter(|&p| !self.attach[p as usize]).count();
+        if refused == 0 {
+            "single copy (process_vm_readv)".into()
+        } else {
+            format!("two copies through the shared segments (cross-memory attach refused toward {refused} of {} peers)", self.size - 1)
+        }
     }
 
     fn peer_state(&mut self, peer: PeerId) -> PeerState {
@@ -535,10 +681,14 @@ mod tests {
     use super::*;
 
     fn pair(job: &str, pool: u32, newcomer: u32) -> (ShmEndpoint, ShmEndpoint, PathBuf) {
+        pair_with(job, pool, newcomer, true)
+    }
+
+    fn pair_with(job: &str, pool: u32, newcomer: u32, cma: bool) -> (ShmEndpoint, ShmEndpoint, PathBuf) {
         let dir = std::env::temp_dir().join(format!("fmx-shm-test-{job}-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let cfg =
-            |rank| ShmConfig { job: job.into(), rank, size: 2, pool, slot_bytes: 256, newcomer, threshold: Some(1), dir: dir.clone() };
+            |rank| ShmConfig { job: job.into(), rank, size: 2, pool, slot_bytes: 256, newcomer, threshold: Some(1), dir: dir.clone(), cma };
         let a = ShmSetup::create(cfg(0)).unwrap();
         let b = ShmSetup::create(cfg(1)).unwrap();
         let addrs = vec![a.address(), b.address()];
@@ -634,6 +784,56 @@ mod tests {
         assert_eq!(b.peer_state(0), PeerState::Alive);
         a.finalize().unwrap();
         assert_eq!(b.peer_state(0), PeerState::Finalized);
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    /// Without cross-memory attach, a read is copied through the segments:
+    /// the owner serves pieces from its own polls (credits bound the pieces in
+    /// flight), the reader completes through poll_ops; ranges not exposed are
+    /// refused, a revoked buffer is not served, and splitting is off.
+    #[test]
+    fn staged_reads_copy_through_the_segments_when_attach_is_refused() {
+        let (mut a, mut b, dir) = pair_with("staged", 4, 2, false);
+        assert!(!a.split_rendezvous() && !b.split_rendezvous());
+        assert!(b.large_message_path().contains("two copies"), "{}", b.large_message_path());
+        a.reallocate_credits().unwrap();
+        b.reallocate_credits().unwrap();
+        let src: Vec<u8> = (0..100_000u32).map(|i| (i * 13) as u8).collect();
+        // SAFETY: `src` outlives the operation: revoked below after the read completed.
+        let key = unsafe { a.expose(&src) }.unwrap();
+        let mut dst = vec![0u8; src.len()];
+        // SAFETY: `dst` is neither touched nor dropped until poll_ops reports the read below.
+        let OpStatus::Pending(id) = (unsafe { b.read(0, &key, &mut dst) }.unwrap()) else { panic!("a staged read is pending") };
+        let mut outcome = None;
+        for _ in 0..100_000 {
+            a.poll(usize::MAX, |_, _, _| panic!("nothing for the core")).unwrap();
+            b.poll(usize::MAX, |_, _, _| panic!("nothing for the core")).unwrap();
+            b.poll_ops(|i, r| outcome = Some((i, r.is_ok()))).unwrap();
+            if outcome.is_some() {
+                break;
+            }
+        }
+        assert_eq!(outcome, Some((id, true)));
+        assert!(dst == src, "the staged copy delivered every byte");
+        // Outside the exposed range: refused, and the read fails.
+        let beyond = RemoteKey { addr: key.addr + 10, len: key.len, key: 0 };
+        let mut one = vec![0u8; key.len as usize];
+        // SAFETY: `one` outlives the operation, reported below.
+        let OpStatus::Pending(id) = (unsafe { b.read(0, &beyond, &mut one) }.unwrap()) else { panic!() };
+        let mut outcome = None;
+        for _ in 0..1000 {
+            a.poll(usize::MAX, |_, _, _| {}).unwrap();
+            b.poll(usize::MAX, |_, _, _| {}).unwrap();
+            b.poll_ops(|i, r| outcome = Some((i, r.is_err()))).unwrap();
+            if outcome.is_some() {
+                break;
+            }
+        }
+        assert_eq!(outcome, Some((id, true)), "a range not exposed is refused");
+        a.revoke(&key);
+        assert!(a.staged.exposed.is_empty());
+        // SAFETY: nothing is exposed any more; the write is refused before anything moves.
+        assert!(matches!(unsafe { b.write(0, &[1], &key) }, Err(TransportError::Unsupported(_))));
         std::fs::remove_dir_all(dir).unwrap();
     }
 }

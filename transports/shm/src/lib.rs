@@ -30,6 +30,7 @@ pub mod endpoint;
 pub mod layout;
 pub mod ring;
 pub mod segment;
+mod staged;
 
 pub use endpoint::{ShmConfig, ShmEndpoint, ShmSetup, DEFAULT_NEWCOMER_CREDITS, DEFAULT_POOL_SLOTS, DEFAULT_SLOT_BYTES};
 pub use segment::{cleanup_job, segment_path, shm_dir};

@@ -961,7 +961,7 @@ impl Endpoint for VerbsEndpoint {
                 let class = Class::of(h.kind);
                 let p = self.peers[peer as usize].as_mut().expect("a connected peer");
                 p.credits.on_receive(h.credits, h.ctrl_credits);
-                if h.kind != MsgKind::Credit {
+                if !matches!(h.kind, MsgKind::Credit | MsgKind::Internal) {
                     sink(peer, &h, &bytes[HEADER_BYTES..]);
                 }
                 // Repost before returning the credit: the slot is free again only once posted.
