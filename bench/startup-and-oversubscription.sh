@@ -11,7 +11,7 @@ cd "$(dirname "$0")/.."
 need() { command -v "$1" >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$2" >/dev/null; }; }
 need hyperfine hyperfine
 need mpicc.mpich mpich
-cargo build -q --release --bin fmxrun --example init_finalize -p fmx
+cargo build -q --release --bin fmxrun --example init_finalize -p fmx -p fmx-launcher
 cargo build -q --release -p fmx-itest --bin fmx-itest-rank
 mkdir -p bench/peers/build
 mpicc.mpich -O2 bench/peers/init_finalize.c -o bench/peers/build/init_finalize_mpich

@@ -70,7 +70,7 @@ pub fn main(args: &[String]) -> Result<(), String> {
     let mut got = vec![vec![Vec::new(); sizes.len()]; 2];
     for _ in 0..reps {
         for (mode, check) in [(0, "off"), (1, "collectives")] {
-            let mut l = fmx::launcher::Launch::new(np, &exe);
+            let mut l = fmx_launcher::Launch::new(np, &exe);
             l.args = ["check-cost-rank".to_string(), iters.to_string()]
                 .into_iter()
                 .chain(sizes.iter().map(ToString::to_string))

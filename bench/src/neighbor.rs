@@ -14,24 +14,6 @@ use fmx::{Fmx, Info, Op, Reorder, Result, Weights};
 /// The default k values (doubles per neighbour).
 pub const KS: &[usize] = &[1, 64, 4096, 65536];
 
-/// Destinations and weights of `rank` in the n-rank torus.
-pub fn torus(rank: u32, n: u32) -> ([u32; 8], [u32; 8], (u32, u32)) {
-    let q = if n >= 4 && n % 2 == 0 { 2 } else { 1 };
-    let p = n / q;
-    let (y, x) = (rank / p, rank % p);
-    let d = [
-        p * y + (x + 1) % p,
-        p * y + (p + x - 1) % p,
-        p * ((y + 1) % q) + x,
-        p * ((q + y - 1) % q) + x,
-        p * ((y + 1) % q) + (x + 1) % p,
-        p * ((q + y - 1) % q) + (x + 1) % p,
-        p * ((y + 1) % q) + (p + x - 1) % p,
-        p * ((q + y - 1) % q) + (p + x - 1) % p,
-    ];
-    (d, [2, 2, 2, 2, 1, 1, 1, 1], (p, q))
-}
-
 /// Iterations and warm-up for k, as the C peer runs them.
 fn loops(k: usize) -> (usize, usize) {
     match k {
@@ -55,7 +37,7 @@ pub struct NeighborRow {
 /// Runs every k on the world; rows on rank 0 (empty elsewhere).
 pub fn run(fmx: &Fmx, ks: &[usize]) -> Result<Vec<NeighborRow>> {
     let w = fmx.world();
-    let (d, wt, _) = torus(w.rank(), w.size());
+    let (d, wt, _) = fmx_itest::topology::torus(w.rank(), w.size());
     let g = w.dist_graph_create(&[w.rank()], &[8], &d, Weights::Values(&wt), &Info::new(), Reorder::No)?;
     let (indeg, outdeg, _) = g.neighbors_count();
     let mean = |us: f64| -> Result<f64> {
@@ -104,7 +86,7 @@ pub fn run(fmx: &Fmx, ks: &[usize]) -> Result<Vec<NeighborRow>> {
 
 /// The two OSU-style blocks `fmx-perf neighbor` prints.
 pub fn render(rows: &[NeighborRow], n: u32, transport: &str) -> String {
-    let (_, _, (p, q)) = torus(0, n);
+    let (_, _, (p, q)) = fmx_itest::topology::torus(0, n);
     let mut s = format!("# fmx-perf neighbor: torus {p}x{q}, {n} ranks, degree 8, k doubles per neighbour, transport {transport}\n");
     for (name, pick) in [("persistent (plan start + wait)", true), ("neighbor_alltoallv", false)] {
         s.push_str(&format!("# {name}\n# k{:>25}\n", "us/exchange"));
@@ -149,8 +131,8 @@ mod tests {
         let rows = [NeighborRow { k: 1, persistent: 0.5, blocking: 1.25 }, NeighborRow { k: 65536, persistent: 250.0, blocking: 300.5 }];
         assert_eq!(parse(&render(&rows, 4, "shm")), rows);
         // 2x2: rank 0's x-neighbours are both rank 1, y-neighbours both rank 2, diagonals all rank 3.
-        assert_eq!(torus(0, 4).0, [1, 1, 2, 2, 3, 3, 3, 3]);
+        assert_eq!(fmx_itest::topology::torus(0, 4).0, [1, 1, 2, 2, 3, 3, 3, 3]);
         // 2 ranks: a 2x1 torus, y-neighbours are the rank itself.
-        assert_eq!(torus(1, 2).0, [0, 0, 1, 1, 0, 0, 0, 0]);
+        assert_eq!(fmx_itest::topology::torus(1, 2).0, [0, 0, 1, 1, 0, 0, 0, 0]);
     }
 }

@@ -78,7 +78,7 @@ fn output(cmd: &mut Command) -> Result<String, String> {
 }
 
 fn fmx_run(exe: &Path, old: u32, new: u32, n: u64, reps: usize) -> Timing {
-    let mut l = fmx::launcher::Launch::new(old, exe);
+    let mut l = fmx_launcher::Launch::new(old, exe);
     l.args = ["redistribute-rank".to_string(), n.to_string(), new.to_string(), reps.to_string()].into_iter().map(Into::into).collect();
     l.capture = true;
     l.timeout = Some(std::time::Duration::from_secs(600));

@@ -19,7 +19,7 @@ const ITERS: u64 = 25;
 const P: u64 = 1_000_000_007;
 
 fn main() -> fmx::Result<()> {
-    if std::env::var_os(fmx::launcher::ENV_RENDEZVOUS).is_none() {
+    if std::env::var_os(fmx::ENV_RENDEZVOUS).is_none() {
         std::process::exit(drive());
     }
     let mut m = Malleable::init(Mode::from_env()?)?;
@@ -69,7 +69,7 @@ fn main() -> fmx::Result<()> {
 fn drive() -> i32 {
     let exe = std::env::current_exe().expect("own path");
     let run = |sizes: &str| {
-        let mut l = fmx::launcher::Launch::new(2, &exe);
+        let mut l = fmx_launcher::Launch::new(2, &exe);
         l.env = vec![("MALLEABLE_SUM_SIZES".into(), sizes.into())];
         l.capture = true;
         l.timeout = Some(std::time::Duration::from_secs(300));

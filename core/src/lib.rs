@@ -85,7 +85,6 @@ mod error;
 mod failure;
 mod intercomm;
 mod join;
-pub mod launcher;
 mod locality;
 pub mod malleable;
 mod registered;
@@ -99,7 +98,14 @@ use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-pub use bootstrap::{SpawnRequest, ENV_BOOT_TIMEOUT};
+pub use bootstrap::{SpawnRequest, ENV_BOOT_TIMEOUT, ENV_LAUNCHER_PID, ENV_RECONFIG_REQUEST, ENV_RENDEZVOUS};
+pub use select::{cleanup_job, job_file_globs};
+
+/// fmxrun's bootstrap protocol (frames, rounds, the failure notice), for the
+/// launcher crate that serves it (`fmx-launcher`) and its tests.
+pub mod launch_protocol {
+    pub use crate::bootstrap::wire::*;
+}
 pub use coll::{Op, Reduce};
 pub use comm::SendAttempt;
 pub use comm::{Comm, Topology};
@@ -157,7 +163,7 @@ pub fn init_with(opts: InitOptions) -> Result<Fmx> {
 }
 
 fn init_inner() -> Result<Fmx> {
-    launcher::watch_launcher()?;
+    bootstrap::watch_launcher()?;
     let boot = bootstrap::Bootstrap::from_env()?;
     // Ranks sharing this host: fmxrun says; PMI launchers place ranks on nodes.
     let local_ranks = std::env::var("FMX_LOCAL_SIZE")

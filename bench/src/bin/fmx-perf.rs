@@ -99,7 +99,7 @@ fn neighbor_main(args: &[String]) -> Result<(), String> {
     let launched = ["FMX_RANK", "PMI_FD"].iter().any(|v| std::env::var_os(v).is_some());
     if !launched {
         let exe = std::env::current_exe().map_err(|e| e.to_string())?;
-        let mut l = fmx::launcher::Launch::new(np, exe);
+        let mut l = fmx_launcher::Launch::new(np, exe);
         l.args = args.iter().map(Into::into).collect();
         let o = l.run().map_err(|e| e.to_string())?;
         return if o.code == 0 { Ok(()) } else { Err(format!("the benchmark ranks failed (exit code {})", o.code)) };
@@ -149,7 +149,7 @@ fn main() -> ExitCode {
     } else {
         // Started alone: launch our own two ranks.
         std::env::current_exe().map_err(|e| e.to_string()).and_then(|exe| {
-            let mut l = fmx::launcher::Launch::new(2, exe);
+            let mut l = fmx_launcher::Launch::new(2, exe);
             l.args = args.iter().map(Into::into).collect();
             l.transport = transport;
             let o = l.run().map_err(|e| e.to_string())?;

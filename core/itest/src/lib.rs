@@ -4,7 +4,7 @@ pub mod launchers;
 pub mod topology;
 
 /// A job's captured output, one `[rank] line` (or `[rank err] line`) per line, for assertion messages.
-pub fn dump(o: &fmx::launcher::Outcome) -> String {
+pub fn dump(o: &fmx_launcher::Outcome) -> String {
     o.lines.iter().map(|(r, e, l)| format!("[{r}{}] {l}\n", if *e { " err" } else { "" })).collect()
 }
 

@@ -186,12 +186,12 @@ pub fn example_7_4(w: &Comm) -> R {
     let mut edges = Vec::new();
     for r in 0..n {
         // The benchmark's torus: P = n/2, Q = 2 from 4 ranks.
-        let (d, wt, _) = fmx_bench::neighbor::torus(r, n);
+        let (d, wt, _) = torus(r, n);
         for j in 0..8 {
             edges.push(Edge { s: r, d: d[j], w: wt[j], id: r * 8 + j as u32 });
         }
     }
-    let (d, wt, _) = fmx_bench::neighbor::torus(me, n);
+    let (d, wt, _) = torus(me, n);
     let g = w.dist_graph_create(&[me], &[8], &d, Weights::Values(&wt), &Info::new(), Reorder::No).map_err(e2s)?;
     let giver: Vec<(u32, u32)> = edges.iter().map(|e| (e.s, e.id % 8)).collect();
     let (ins, outs) = general_order(&edges, &giver, me);
@@ -569,7 +569,7 @@ pub fn sized_credits(fmx: &fmx::Fmx) -> R {
     let w = fmx.world();
     let (n, me) = (w.size(), w.rank());
     let before = fmx.receive_memory();
-    let (d, wt, _) = fmx_bench::neighbor::torus(me, n);
+    let (d, wt, _) = torus(me, n);
     let g = w.dist_graph_create(&[me], &[8], &d, Weights::Values(&wt), &Info::new(), Reorder::No).map_err(e2s)?;
     let after = fmx.receive_memory();
     println!("POOL rank {me} eager resident before {} after {} bytes", before.eager_resident, after.eager_resident);
@@ -611,7 +611,7 @@ pub fn sized_credits(fmx: &fmx::Fmx) -> R {
     }
     // One direction only, from rank 0 to a rank it has no edge to (a one-slot
     // window there): credits must come back without reverse traffic.
-    if let Some(t) = (1..n).find(|r| !fmx_bench::neighbor::torus(0, n).0.contains(r)) {
+    if let Some(t) = (1..n).find(|r| !torus(0, n).0.contains(r)) {
         let payload = [7u8; 512];
         let mut inbox = [0u8; 512];
         for i in 0..100 {
@@ -656,4 +656,24 @@ pub fn sized_credits(fmx: &fmx::Fmx) -> R {
         }
     }
     Ok(())
+}
+
+/// Destinations and weights of `rank` in the n-rank torus of Example 7.4 of
+/// the MPI Forum ticket (P x Q, Q = 2 from 4 ranks on, diagonal edges of weight
+/// 1, straight ones of weight 2); the neighbour benchmark uses it too.
+pub fn torus(rank: u32, n: u32) -> ([u32; 8], [u32; 8], (u32, u32)) {
+    let q = if n >= 4 && n % 2 == 0 { 2 } else { 1 };
+    let p = n / q;
+    let (y, x) = (rank / p, rank % p);
+    let d = [
+        p * y + (x + 1) % p,
+        p * y + (p + x - 1) % p,
+        p * ((y + 1) % q) + x,
+        p * ((q + y - 1) % q) + x,
+        p * ((y + 1) % q) + (x + 1) % p,
+        p * ((q + y - 1) % q) + (x + 1) % p,
+        p * ((y + 1) % q) + (p + x - 1) % p,
+        p * ((q + y - 1) % q) + (p + x - 1) % p,
+    ];
+    (d, [2, 2, 2, 2, 1, 1, 1, 1], (p, q))
 }

@@ -6,8 +6,8 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use fmx::launcher::{Launch, Outcome};
 use fmx_itest::dump;
+use fmx_launcher::{Launch, Outcome};
 
 fn launch(np: u32, scenario: &str, env: &[(&str, &str)]) -> Launch {
     let mut l = Launch::new(np, env!("CARGO_BIN_EXE_fmx-itest-fault"));

@@ -1,12 +1,12 @@
 //! Intercommunicators, spawning and DMR-style reconfiguration, each job
-//! launched under fmxrun's process manager (fmx::launcher).
+//! launched under fmxrun's process manager (fmx_launcher).
 
 use std::collections::BTreeSet;
 use std::path::Path;
 use std::time::Duration;
 
-use fmx::launcher::{Launch, Outcome};
 use fmx_itest::dump;
+use fmx_launcher::{Launch, Outcome};
 
 fn launch(np: u32, scenario: &str, env: &[(&str, String)]) -> Outcome {
     let mut l = Launch::new(np, env!("CARGO_BIN_EXE_fmx-itest-malleable"));

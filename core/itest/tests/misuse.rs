@@ -5,8 +5,8 @@
 
 use std::time::Duration;
 
-use fmx::launcher::{Launch, Outcome};
 use fmx_itest::dump;
+use fmx_launcher::{Launch, Outcome};
 
 const CHECK: (&str, &str) = ("FMX_CHECK", "collectives");
 /// What a rank's untouched receive slot holds (a value sent data never has).

@@ -4,26 +4,22 @@ use fmx_itest::dump;
 
 use std::time::Duration;
 
-fn launch(np: u32, scenario: &str) -> (fmx::launcher::Outcome, Duration) {
-    launch_env(np, scenario, &[])
-}
-
-fn launch_env(np: u32, scenario: &str, env: &[(&str, &str)]) -> (fmx::launcher::Outcome, Duration) {
+fn launch_env(np: u32, scenario: &str, env: &[(&str, &str)]) -> (fmx_launcher::Outcome, Duration) {
     run(launcher(np, scenario, env))
 }
 
-fn launcher(np: u32, scenario: &str, env: &[(&str, &str)]) -> fmx::launcher::Launch {
+fn launcher(np: u32, scenario: &str, env: &[(&str, &str)]) -> fmx_launcher::Launch {
     let rank_program = env!("CARGO_BIN_EXE_fmx-itest-rank");
     // FMX_ITEST_WRAPPER runs each rank through a wrapper (hw-tests/netns: odd ranks in another
     // network namespace), and FMX_ITEST_BIND puts the rendezvous where they reach it.
     let mut l = match std::env::var("FMX_ITEST_WRAPPER") {
         Ok(w) if !w.is_empty() => {
-            let mut l = fmx::launcher::Launch::new(np, w);
+            let mut l = fmx_launcher::Launch::new(np, w);
             l.args = vec![rank_program.into(), scenario.into()];
             l
         }
         _ => {
-            let mut l = fmx::launcher::Launch::new(np, rank_program);
+            let mut l = fmx_launcher::Launch::new(np, rank_program);
             l.args = vec![scenario.into()];
             l
         }
@@ -39,7 +35,7 @@ fn launcher(np: u32, scenario: &str, env: &[(&str, &str)]) -> fmx::launcher::Lau
     l
 }
 
-fn run(l: fmx::launcher::Launch) -> (fmx::launcher::Outcome, Duration) {
+fn run(l: fmx_launcher::Launch) -> (fmx_launcher::Outcome, Duration) {
     let t = std::time::Instant::now();
     let o = l.run().expect("launch");
     (o, t.elapsed())
@@ -56,11 +52,11 @@ fn scaled(n: u64) -> String {
 }
 
 /// Runs `scenario` on `np` ranks and requires every rank to report OK.
-fn run_ok(np: u32, scenario: &str) -> fmx::launcher::Outcome {
+fn run_ok(np: u32, scenario: &str) -> fmx_launcher::Outcome {
     run_ok_env(np, scenario, &[])
 }
 
-fn run_ok_env(np: u32, scenario: &str, env: &[(&str, &str)]) -> fmx::launcher::Outcome {
+fn run_ok_env(np: u32, scenario: &str, env: &[(&str, &str)]) -> fmx_launcher::Outcome {
     let (o, _) = launch_env(np, scenario, env);
     assert_eq!(o.code, 0, "{scenario} on {np} ranks failed:\n{}", dump(&o));
     let oks = o.lines.iter().filter(|(_, e, l)| !e && *l == format!("OK {scenario}")).count();

@@ -11,6 +11,13 @@ pub(crate) mod wire;
 
 pub(crate) use fmxrun::Link;
 pub use fmxrun::{ENV_BOOT_TIMEOUT, ENV_RENDEZVOUS};
+
+/// Environment variable with the launcher's pid (ranks die with it).
+pub const ENV_LAUNCHER_PID: &str = "FMX_LAUNCHER_PID";
+
+/// Environment variable naming the file a reconfiguration request is read
+/// from (fmxrun relays SIGUSR1 as `+1` and SIGUSR2 as `-1` into it).
+pub const ENV_RECONFIG_REQUEST: &str = "FMX_RECONFIG_REQUEST";
 pub use pmi::SpawnRequest;
 
 use crate::error::{Error, Result};
@@ -171,4 +178,33 @@ impl Bootstrap {
             Self::Single | Self::Fmxrun(_) => Ok(None),
         }
     }
+}
+
+/// In a rank: die with the launcher (no orphans), and refuse to start if it is already gone.
+pub(crate) fn watch_launcher() -> Result<()> {
+    let Ok(pid) = std::env::var(ENV_LAUNCHER_PID) else {
+        return Ok(());
+    };
+    let Ok(pid) = pid.parse::<i32>() else {
+        return Err(Error::Bootstrap(format!("{ENV_LAUNCHER_PID}={pid:?} is not a pid")));
+    };
+    rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::KILL))
+        .map_err(|e| Error::Bootstrap(format!("PR_SET_PDEATHSIG: {e}")))?;
+    match rustix::process::getppid().map(|p| i32::from(p.as_raw_nonzero())) {
+        Some(parent) if parent == pid => Ok(()),
+        // Our parent is outside our PID namespace (a wrapper such as
+        // `unshare --pid --fork` started us): there is nothing to compare,
+        // and the wrapper's own death signal ties us to it.
+        None => Ok(()),
+        // A wrapper that forks stands between fmxrun and us: fine while fmxrun
+        // lives. Otherwise we were reparented because fmxrun died before the
+        // death signal was set.
+        Some(_) if rustix::process::Pid::from_raw(pid).is_some_and(|p| launcher_alive(p)) => Ok(()),
+        Some(_) => Err(Error::Bootstrap(format!("the launcher (pid {pid}) is gone"))),
+    }
+}
+
+fn launcher_alive(pid: rustix::process::Pid) -> bool {
+    // EPERM: it exists but is not ours to signal.
+    matches!(rustix::process::test_kill_process(pid), Ok(()) | Err(rustix::io::Errno::PERM))
 }

@@ -95,7 +95,7 @@ fn step_size(step: u32, min: u32, max: u32, at: &Moment) -> Result<Option<u32>> 
 fn external(file: Option<&PathBuf>, size: u32, world: &Comm) -> Result<Option<u32>> {
     let path = match file {
         Some(f) => f.clone(),
-        None => match std::env::var_os(crate::launcher::ENV_RECONFIG_REQUEST) {
+        None => match std::env::var_os(crate::ENV_RECONFIG_REQUEST) {
             Some(p) => PathBuf::from(p),
             None => return Ok(None),
         },

@@ -803,7 +803,7 @@ mod tests {
         let key = unsafe { a.expose(&src) }.unwrap();
         let mut dst = vec![0u8; src.len()];
         // SAFETY: `dst` is neither touched nor dropped until poll_ops reports the read below.
-        let OpStatus::Pending(id) = (unsafe { b.read(0, &key, &mut dst) }.unwrap()) else { panic!("a staged read is pending") };
+        let OpStatus::Pending(id) = unsafe { b.read(0, &key, &mut dst) }.unwrap() else { panic!("a staged read is pending") };
         let mut outcome = None;
         for _ in 0..100_000 {
             a.poll(usize::MAX, |_, _, _| panic!("nothing for the core")).unwrap();
@@ -819,7 +819,7 @@ mod tests {
         let beyond = RemoteKey { addr: key.addr + 10, len: key.len, key: 0 };
         let mut one = vec![0u8; key.len as usize];
         // SAFETY: `one` outlives the operation, reported below.
-        let OpStatus::Pending(id) = (unsafe { b.read(0, &beyond, &mut one) }.unwrap()) else { panic!() };
+        let OpStatus::Pending(id) = unsafe { b.read(0, &beyond, &mut one) }.unwrap() else { panic!() };
         let mut outcome = None;
         for _ in 0..1000 {
             a.poll(usize::MAX, |_, _, _| {}).unwrap();

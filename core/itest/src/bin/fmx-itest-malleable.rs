@@ -149,8 +149,8 @@ fn policy(sizes: Vec<u32>) -> R<Policy> {
 /// Rank 0 of the first world asks fmxrun for one rank more with SIGUSR1 and
 /// waits until fmxrun has written the request.
 fn relay_signal() -> R {
-    let launcher = std::env::var(fmx::launcher::ENV_LAUNCHER_PID).map_err(|_| "no launcher pid")?;
-    let file = std::env::var(fmx::launcher::ENV_RECONFIG_REQUEST).map_err(|_| "no request file")?;
+    let launcher = std::env::var(fmx::ENV_LAUNCHER_PID).map_err(|_| "no launcher pid")?;
+    let file = std::env::var(fmx::ENV_RECONFIG_REQUEST).map_err(|_| "no request file")?;
     let st = std::process::Command::new("kill").args(["-USR1", &launcher]).status().map_err(|e| format!("kill: {e}"))?;
     check!(st.success(), "kill -USR1 {launcher} failed");
     let t = std::time::Instant::now();

@@ -1,6 +1,6 @@
 //! `fmxrun -n N [--transport NAME] [--bind ADDR] [-l|--label] [--kill-grace SECS] [--timeout SECS] [--keep-going] PROGRAM ARGS...`
 //!
-//! Starts N ranks of PROGRAM on this host; see `fmx::launcher`.
+//! Starts N ranks of PROGRAM on this host; see `fmx_launcher`.
 
 use std::ffi::OsString;
 use std::time::Duration;
@@ -8,7 +8,7 @@ use std::time::Duration;
 const USAGE: &str =
     "usage: fmxrun -n N [--transport auto|shm|verbs|ofi] [--bind ADDR] [-l|--label] [--kill-grace SECS] [--timeout SECS] [--keep-going] PROGRAM [ARGS...]";
 
-fn parse(mut args: impl Iterator<Item = OsString>) -> Result<fmx::launcher::Launch, String> {
+fn parse(mut args: impl Iterator<Item = OsString>) -> Result<fmx_launcher::Launch, String> {
     let mut np = None;
     let mut transport = None;
     let mut label = false;
@@ -19,7 +19,7 @@ fn parse(mut args: impl Iterator<Item = OsString>) -> Result<fmx::launcher::Laun
     let secs = |v: Option<OsString>, what: &str| -> Result<Duration, String> {
         let v = v.ok_or_else(|| format!("{what} needs a value"))?;
         let s = v.to_string_lossy();
-        let max = fmx::launcher::MAX_SECONDS;
+        let max = fmx_launcher::MAX_SECONDS;
         s.parse::<f64>()
             .ok()
             .filter(|x| x.is_finite() && *x >= 0.0 && *x <= max)
@@ -30,7 +30,7 @@ fn parse(mut args: impl Iterator<Item = OsString>) -> Result<fmx::launcher::Laun
         match a.to_str() {
             Some("-n" | "-np") => {
                 let v = args.next().ok_or("-n needs a number")?;
-                let max = fmx::launcher::MAX_RANKS;
+                let max = fmx_launcher::MAX_RANKS;
                 let n = v
                     .to_string_lossy()
                     .parse::<u32>()
@@ -52,7 +52,7 @@ fn parse(mut args: impl Iterator<Item = OsString>) -> Result<fmx::launcher::Laun
             Some(s) if s.starts_with('-') => return Err(format!("unknown option {s}\n{USAGE}")),
             _ => {
                 let np = np.ok_or_else(|| format!("-n N is required\n{USAGE}"))?;
-                let mut l = fmx::launcher::Launch::new(np, a);
+                let mut l = fmx_launcher::Launch::new(np, a);
                 l.args = args.collect();
                 l.transport = transport;
                 l.label = label;

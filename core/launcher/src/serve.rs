@@ -18,7 +18,9 @@ use std::sync::{mpsc, Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use super::Event;
-use crate::bootstrap::wire::{self, Notice, OP_ABORT, OP_ALLGATHER, OP_BARRIER, OP_ERROR, OP_FINALIZE, OP_HELLO, OP_NOTICE, OP_SPAWN};
+use fmx::launch_protocol::{
+    self as wire, Notice, OP_ABORT, OP_ALLGATHER, OP_BARRIER, OP_ERROR, OP_FINALIZE, OP_HELLO, OP_NOTICE, OP_SPAWN,
+};
 
 /// How long the group waits between looks at exits and notices.
 const TICK: Duration = Duration::from_millis(50);

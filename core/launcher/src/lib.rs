@@ -1,4 +1,6 @@
-//! The local process manager behind `fmxrun` (and `fmx-perf` started alone).
+//! # fmx-launcher: the local process manager behind `fmxrun`
+//!
+//! (and behind `fmx-perf` started alone, and the multi-process tests).
 //!
 //! Starts N processes of a program on this host, hands each its rank, the
 //! job size, a job id and the address of an out-of-band rendezvous server
@@ -29,11 +31,8 @@ mod serve;
 use serve::{Failure, Group, SpawnAsk};
 use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM, SIGUSR1, SIGUSR2};
 
-pub use crate::bootstrap::ENV_RENDEZVOUS;
-use crate::error::{Error, Result};
-
-/// Environment variable with the launcher's pid (ranks die with it).
-pub const ENV_LAUNCHER_PID: &str = "FMX_LAUNCHER_PID";
+use fmx::{Error, Result};
+pub use fmx::{ENV_LAUNCHER_PID, ENV_RECONFIG_REQUEST, ENV_RENDEZVOUS};
 
 /// A job to start.
 #[derive(Clone, Debug)]
@@ -127,8 +126,8 @@ impl Launch {
             return Err(Error::Launch(format!("-n {}: fmxrun starts at most {MAX_RANKS} ranks on one host", self.np)));
         }
         if let Some(t) = &self.transport {
-            if !crate::TRANSPORT_NAMES.contains(&t.as_str()) {
-                return Err(Error::Launch(format!("unknown transport {t:?} (known: {})", crate::TRANSPORT_NAMES.join(", "))));
+            if !fmx::TRANSPORT_NAMES.contains(&t.as_str()) {
+                return Err(Error::Launch(format!("unknown transport {t:?} (known: {})", fmx::TRANSPORT_NAMES.join(", "))));
             }
         }
         for (what, d) in [("kill grace", Some(self.kill_grace)), ("timeout", self.timeout)] {
@@ -254,7 +253,7 @@ impl Launch {
         for f in st.forwarders.drain(..) {
             let _ = f.join();
         }
-        let files_removed = st.jobs.iter().map(|j| crate::select::cleanup_job(j)).sum();
+        let files_removed = st.jobs.iter().map(|j| fmx::cleanup_job(j)).sum();
         let _ = std::fs::remove_file(&st.request_file);
         drop(st.guardian.take()); // nothing left for it to remove
         if let Some(e) = spawn_err.take() {
@@ -501,10 +500,6 @@ impl Drop for Guardian {
     }
 }
 
-/// Environment variable naming the file a reconfiguration request is read
-/// from (fmxrun relays SIGUSR1 as `+1` and SIGUSR2 as `-1` into it).
-pub const ENV_RECONFIG_REQUEST: &str = "FMX_RECONFIG_REQUEST";
-
 /// Writes a request atomically (a reader never sees half of it).
 fn write_request(path: &std::path::Path, req: &str) -> std::io::Result<()> {
     let tmp = path.with_extension("reconfig.tmp");
@@ -547,7 +542,7 @@ impl JobState {
     fn add_job(&mut self, job: &str) {
         self.jobs.push(job.to_owned());
         if let Some(g) = &mut self.guardian {
-            for glob in crate::select::job_file_globs(job) {
+            for glob in fmx::job_file_globs(job) {
                 g.watch(&glob);
             }
         }
@@ -608,33 +603,4 @@ fn forward(
             }
         }
     })
-}
-
-/// In a rank: die with the launcher (no orphans), and refuse to start if it is already gone.
-pub(crate) fn watch_launcher() -> Result<()> {
-    let Ok(pid) = std::env::var(ENV_LAUNCHER_PID) else {
-        return Ok(());
-    };
-    let Ok(pid) = pid.parse::<i32>() else {
-        return Err(Error::Bootstrap(format!("{ENV_LAUNCHER_PID}={pid:?} is not a pid")));
-    };
-    rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::KILL))
-        .map_err(|e| Error::Bootstrap(format!("PR_SET_PDEATHSIG: {e}")))?;
-    match rustix::process::getppid().map(|p| i32::from(p.as_raw_nonzero())) {
-        Some(parent) if parent == pid => Ok(()),
-        // Our parent is outside our PID namespace (a wrapper such as
-        // `unshare --pid --fork` started us): there is nothing to compare,
-        // and the wrapper's own death signal ties us to it.
-        None => Ok(()),
-        // A wrapper that forks stands between fmxrun and us: fine while fmxrun
-        // lives. Otherwise we were reparented because fmxrun died before the
-        // death signal was set.
-        Some(_) if rustix::process::Pid::from_raw(pid).is_some_and(|p| launcher_alive(p)) => Ok(()),
-        Some(_) => Err(Error::Bootstrap(format!("the launcher (pid {pid}) is gone"))),
-    }
-}
-
-fn launcher_alive(pid: rustix::process::Pid) -> bool {
-    // EPERM: it exists but is not ours to signal.
-    matches!(rustix::process::test_kill_process(pid), Ok(()) | Err(rustix::io::Errno::PERM))
 }
