@@ -677,3 +677,14 @@ pub fn torus(rank: u32, n: u32) -> ([u32; 8], [u32; 8], (u32, u32)) {
     ];
     (d, [2, 2, 2, 2, 1, 1, 1, 1], (p, q))
 }
+
+/// Each rank's two ring neighbours, left then right (both in- and out-edges),
+/// and the unweighted graph communicator over them.
+pub fn ring_graph(w: &fmx::Comm) -> Result<([u32; 2], DistGraphComm), String> {
+    let (me, n) = (w.rank(), w.size());
+    let ring = [(me + n - 1) % n, (me + 1) % n];
+    let g = w
+        .dist_graph_create_adjacent(&ring, Weights::Unweighted, &ring, Weights::Unweighted, &Info::default(), Reorder::No)
+        .map_err(|e| format!("the ring graph: {e}"))?;
+    Ok((ring, g))
+}

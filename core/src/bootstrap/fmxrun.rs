@@ -216,6 +216,19 @@ mod tests {
     use std::io::{Read, Write};
     use std::net::TcpListener;
 
+    /// A fake fmxrun on 127.0.0.1 that reads one hello and then does `then`.
+    fn fake_fmxrun(then: impl FnOnce(std::net::TcpStream) + Send + 'static) -> (String, std::thread::JoinHandle<()>) {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap().to_string();
+        let server = std::thread::spawn(move || {
+            let (mut s, _) = l.accept().unwrap();
+            let mut hello = [0u8; 17];
+            s.read_exact(&mut hello).unwrap();
+            then(s);
+        });
+        (addr, server)
+    }
+
     /// A fake fmxrun answering the hello with a truncated frame, an
     /// oversized one, another op, an unknown op, a malformed notice or a
     /// refusal: each is an error that says what was wrong, never a panic.
@@ -230,14 +243,7 @@ mod tests {
             (&[6, 0, 0, 0, OP_ERROR, b'n', b'o', b'p', b'e', b'!'], "refused our hello: nope!"),
         ];
         for (answer, expect) in cases {
-            let l = TcpListener::bind("127.0.0.1:0").unwrap();
-            let addr = l.local_addr().unwrap().to_string();
-            let server = std::thread::spawn(move || {
-                let (mut s, _) = l.accept().unwrap();
-                let mut hello = [0u8; 17];
-                s.read_exact(&mut hello).unwrap();
-                s.write_all(answer).unwrap();
-            });
+            let (addr, server) = fake_fmxrun(move |mut s| s.write_all(answer).unwrap());
             let e = Client::connect_within(&addr, 0, 2, "j".into(), Duration::from_secs(2)).err().expect("a bad answer").to_string();
             assert!(e.contains(expect), "{answer:?}: {e}");
             server.join().unwrap();
@@ -249,12 +255,7 @@ mod tests {
     #[test]
     fn a_silent_or_trickling_rendezvous_times_out() {
         for trickle in [false, true] {
-            let l = TcpListener::bind("127.0.0.1:0").unwrap();
-            let addr = l.local_addr().unwrap().to_string();
-            let server = std::thread::spawn(move || {
-                let (mut s, _) = l.accept().unwrap();
-                let mut hello = [0u8; 17];
-                s.read_exact(&mut hello).unwrap();
+            let (addr, server) = fake_fmxrun(move |mut s| {
                 if trickle {
                     let mut reply = Vec::new();
                     wire::write_frame(&mut reply, OP_HELLO, &[]).unwrap();

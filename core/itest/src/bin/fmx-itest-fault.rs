@@ -149,17 +149,7 @@ fn kill_probe() -> R {
     let w = fmx.world();
     let (me, n) = (w.rank(), w.size());
     let victim = env("FAULT_VICTIM").parse().unwrap_or(3) % n;
-    let ring = [(me + n - 1) % n, (me + 1) % n];
-    let g = w
-        .dist_graph_create_adjacent(
-            &ring,
-            fmx::Weights::Unweighted,
-            &ring,
-            fmx::Weights::Unweighted,
-            &fmx::Info::default(),
-            fmx::Reorder::No,
-        )
-        .map_err(e2s)?;
+    let (_, g) = fmx_itest::topology::ring_graph(w)?;
     w.barrier().map_err(e2s)?;
     if me == victim {
         std::thread::sleep(std::time::Duration::from_millis(300));

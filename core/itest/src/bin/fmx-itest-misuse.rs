@@ -223,17 +223,7 @@ fn val(src: u32, dst: usize, i: usize, round: u64) -> u64 {
 fn vprop(w: &Comm) -> R {
     let (me, n) = (w.rank(), w.size() as usize);
     let rounds: u64 = std::env::var("VPROP_ROUNDS").ok().and_then(|v| v.parse().ok()).unwrap_or(200);
-    let ring = [(me + n as u32 - 1) % n as u32, (me + 1) % n as u32];
-    let g = w
-        .dist_graph_create_adjacent(
-            &ring,
-            fmx::Weights::Unweighted,
-            &ring,
-            fmx::Weights::Unweighted,
-            &fmx::Info::default(),
-            fmx::Reorder::No,
-        )
-        .map_err(e2s)?;
+    let (ring, g) = fmx_itest::topology::ring_graph(w)?;
     for round in 0..rounds {
         let mut rng = Rng(round.wrapping_mul(7919) + 1);
         // c[i][j]: elements rank i sends rank j.
