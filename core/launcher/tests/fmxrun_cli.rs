@@ -61,7 +61,7 @@ fn a_lone_process_is_a_world_of_one() {
 
 /// Issue 15 item 6: out-of-range numbers are errors naming them, not panics.
 #[test]
-fn out_of_range_values_are_named_errors() {
+fn item06_out_of_range_values_are_named_errors() {
     for args in [["--timeout", "1e300"], ["--kill-grace", "1e300"], ["-n", "100000"], ["--timeout", "-1"]] {
         let out = fmxrun().args(args).args(["-n", "1", "true"]).output().unwrap();
         let err = String::from_utf8_lossy(&out.stderr);
@@ -74,7 +74,7 @@ fn out_of_range_values_are_named_errors() {
 /// cannot run) after a reconfiguration request leaves neither the request
 /// file nor any shared-memory file of the job: its cleanup helper removes them.
 #[test]
-fn a_killed_fmxrun_leaves_no_files() {
+fn item05_item18_a_killed_fmxrun_leaves_no_files() {
     use std::io::BufRead;
     let mut child = fmxrun()
         .args(["-n", "1", "sh", "-c", "touch /dev/shm/fmx-$FMX_JOB-0 /dev/shm/fmxofi-$FMX_JOB-0.0; echo $FMX_JOB; exec sleep 30"])

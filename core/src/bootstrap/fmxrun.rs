@@ -253,7 +253,7 @@ mod tests {
     /// Item 17 of issue 15: a rendezvous that accepts and never answers, or
     /// answers one byte at a time, is an error within the start-up timeout.
     #[test]
-    fn a_silent_or_trickling_rendezvous_times_out() {
+    fn item17_a_silent_or_trickling_rendezvous_times_out() {
         for trickle in [false, true] {
             let (addr, server) = fake_fmxrun(move |mut s| {
                 if trickle {

@@ -91,10 +91,18 @@ mod tests {
         assert!(parse("(vector,(0,0,0))", 4).unwrap_err().contains("no rank"));
         let e = parse("(vector,(0,2,4))", 5).unwrap_err();
         assert!(e.contains("does not match a job of 5 ranks"), "{e}");
-        // Item 17 of issue 15: a start index that overflows is an error, not a hang.
+    }
+
+    /// Item 17 of issue 15: a start index that overflows is an error, not a
+    /// hang, and a huge node count is handled without walking it.
+    #[test]
+    fn item17_out_of_range_mappings_are_errors_without_a_hang() {
         let e = parse("(vector,(4294967295,2,1))", 4).unwrap_err();
         assert!(e.contains("overflow"), "{e}");
         // A triple with no ranks per node is skipped, whatever its node count.
         assert_eq!(parse("(vector,(0,4000000000,0),(0,1,2))", 2).unwrap(), [0, 0]);
+        let t = std::time::Instant::now();
+        assert!(parse("(vector,(0,4000000000,2))", 3).is_err(), "3 ranks cannot end a block of 2");
+        assert!(t.elapsed().as_secs() < 1, "took {:?}", t.elapsed());
     }
 }

@@ -96,7 +96,7 @@ fn a_silent_manager_times_out() {
 /// Item 17 of issue 15: a server that answers one byte per 300 ms meets
 /// the timeout for the whole reply (1 s), not per byte (the reply has 60 bytes).
 #[test]
-fn a_trickling_manager_times_out_for_the_whole_reply() {
+fn item17_a_trickling_manager_times_out_for_the_whole_reply() {
     let (ours, mut theirs) = UnixStream::pair().unwrap();
     let t = thread::spawn(move || {
         let mut line = String::new();
