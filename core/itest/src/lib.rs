@@ -48,6 +48,18 @@ mod tests {
     }
 }
 
+/// A rank program's verdict on `scenario`: `OK scenario` on stdout, or
+/// `FAIL scenario: why` on stderr and exit code 1 (the tests read both).
+pub fn report(scenario: &str, r: Result<(), String>) {
+    match r {
+        Ok(()) => println!("OK {scenario}"),
+        Err(e) => {
+            eprintln!("FAIL {scenario}: {e}");
+            std::process::exit(1);
+        }
+    }
+}
+
 /// The byte at index `i` of message `m` from `src` (content checks).
 pub fn pattern(src: u32, m: u64, i: usize) -> u8 {
     ((i as u64).wrapping_mul(31) ^ m.wrapping_mul(131) ^ u64::from(src).wrapping_mul(7)) as u8

@@ -78,13 +78,7 @@ fn main() {
         "rendezvous-kill" => rendezvous_kill(),
         other => Err(format!("unknown scenario {other:?}")),
     };
-    match r {
-        Ok(()) => println!("OK {scenario}"),
-        Err(e) => {
-            eprintln!("FAIL {scenario}: {e}");
-            std::process::exit(1);
-        }
-    }
+    fmx_itest::report(&scenario, r);
 }
 
 fn init() -> Result<Fmx, String> {

@@ -115,13 +115,7 @@ fn main() {
         "graph-dup" => graph_dup(w),
         other => Err(format!("unknown scenario {other:?}")),
     };
-    match r {
-        Ok(()) => println!("OK {scenario}"),
-        Err(e) => {
-            eprintln!("FAIL {scenario}: {e}");
-            std::process::exit(1);
-        }
-    }
+    fmx_itest::report(&scenario, r);
     // The answers are printed; a rank whose collective failed cannot finalize
     // with the others (they may wait in the broken one), so it leaves.
     let _ = fmx.finalize();

@@ -88,11 +88,11 @@ fn e2s(e: Error) -> String {
 fn main() {
     let scenario = std::env::args().nth(1).unwrap_or_default();
     if scenario == "join" {
-        report(&scenario, join());
+        fmx_itest::report(&scenario, join());
         return;
     }
     if scenario == "am" {
-        report(&scenario, active_messages());
+        fmx_itest::report(&scenario, active_messages());
         return;
     }
     let fmx = match fmx::init() {
@@ -139,25 +139,15 @@ fn main() {
                     other => Err(format!("barrier after finalize gave {other:?}")),
                 }
             });
-            report(&scenario, r);
+            fmx_itest::report(&scenario, r);
             return;
         }
         other => Err(format!("unknown scenario {other:?}")),
     };
-    report(&scenario, r);
+    fmx_itest::report(&scenario, r);
     if let Err(e) = fmx.finalize() {
         eprintln!("FAIL finalize: {e}");
         std::process::exit(1);
-    }
-}
-
-fn report(scenario: &str, r: R) {
-    match r {
-        Ok(()) => println!("OK {scenario}"),
-        Err(e) => {
-            eprintln!("FAIL {scenario}: {e}");
-            std::process::exit(1);
-        }
     }
 }
 
