@@ -389,8 +389,12 @@ impl ShmEndpoint {
 }
 
 impl Drop for ShmEndpoint {
+    /// Drops without announcing a finalize: an endpoint dropped without
+    /// `finalize` belongs to a failing process (it panicked), and its peers
+    /// must see it as gone when it exits (or hear it from the launcher), not
+    /// as a peer that finalized: they would fail naming it, and the ranks
+    /// waiting on them naming those, instead of the rank that failed first.
     fn drop(&mut self) {
-        self.own.state().store(state::FINALIZED, Ordering::Release);
         self.unlink();
     }
 }
