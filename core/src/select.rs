@@ -47,6 +47,9 @@ pub(crate) enum Transport {
     /// libfabric RDM endpoints (tcp, shm, verbs;ofi_rxm, efa, ...).
     #[cfg(feature = "ofi")]
     Ofi(Box<OfiEndpoint>),
+    /// The engine's tests: a simulated fabric with a fault schedule.
+    #[cfg(test)]
+    Sim(Box<crate::engine::sim::SimEndpoint>),
 }
 
 impl Transport {
@@ -59,6 +62,8 @@ impl Transport {
             Self::Verbs(_) => "verbs",
             #[cfg(feature = "ofi")]
             Self::Ofi(_) => "ofi",
+            #[cfg(test)]
+            Self::Sim(_) => "sim",
         }
     }
 }
@@ -164,6 +169,8 @@ macro_rules! dispatch {
             Transport::Verbs($ep) => $e,
             #[cfg(feature = "ofi")]
             Transport::Ofi($ep) => $e,
+            #[cfg(test)]
+            Transport::Sim($ep) => $e,
         }
     };
 }

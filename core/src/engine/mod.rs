@@ -15,7 +15,11 @@
 //! sends never overtake them.
 
 pub(crate) mod matching;
+#[cfg(test)]
+mod pair_tests;
 pub(crate) mod requests;
+#[cfg(test)]
+pub(crate) mod sim;
 
 use std::collections::{HashMap, VecDeque};
 use std::rc::Rc;
@@ -176,9 +180,18 @@ impl Engine {
 
     /// Starts a send of the lent buffer `buf` to world rank `dest`.
     pub(crate) fn start_send(&mut self, lend: &LendTable, ctx: u32, tag: u32, dest: u32, buf: Lent) -> Result<ReqId> {
+        let req = self.reqs.insert(WaitsOn::Peer(dest), "sending");
+        let started = self.start_send_as(req, lend, ctx, tag, dest, buf);
+        if started.is_err() {
+            // Nothing may stay exposed, or queued, for a send the caller was told failed.
+            self.discard(req);
+        }
+        started.map(|()| req)
+    }
+
+    fn start_send_as(&mut self, req: ReqId, lend: &LendTable, ctx: u32, tag: u32, dest: u32, buf: Lent) -> Result<()> {
         let data = lend.get(buf).ok_or(Error::StaleRequest(0))?;
         let bits = match_bits(ctx, tag);
-        let req = self.reqs.insert(WaitsOn::Peer(dest), "sending");
         if data.len() <= self.max_eager {
             let header = MsgHeader::eager(bits, data.len(), 0);
             if self.outq[queue(dest, MsgKind::Eager)].is_empty() && self.tp.try_send(dest, &header, data)? == SendOutcome::Sent {
@@ -201,7 +214,7 @@ impl Engine {
             let header = MsgHeader::control(MsgKind::Rts, bits, data.len() as u64, req.cookie(), RemoteKey::BYTES);
             self.send_control(dest, header, Payload::Key(key.encode()))?;
         }
-        Ok(req)
+        Ok(())
     }
 
     /// Starts a receive into the lent buffer `buf`; `src`/`tag` `None` are
@@ -283,8 +296,17 @@ impl Engine {
                         }
                     },
                 };
-                if self.tp.try_send(dest, &o.header, bytes)? != SendOutcome::Sent {
-                    break;
+                match self.tp.try_send(dest, &o.header, bytes) {
+                    Ok(SendOutcome::Sent) => {}
+                    Ok(_) => break,
+                    Err(e) => {
+                        if self.gone(dest).is_none() && !matches!(e, TransportError::PeerGone { .. }) {
+                            return Err(e.into());
+                        }
+                        // `dest` is gone: what waits for it fails; traffic with the others goes on.
+                        self.drop_queue(q, &e);
+                        break;
+                    }
                 }
                 if let Some(r) = o.completes {
                     let len = o.header.len;
@@ -297,6 +319,34 @@ impl Engine {
             }
         }
         Ok(sent)
+    }
+
+    /// Drops send queue `q` (its destination is gone), failing the sends that wait in it.
+    fn drop_queue(&mut self, q: usize, why: &TransportError) {
+        let dest = (q / 2) as u32;
+        let state = self.gone(dest).unwrap_or(PeerState::Dead);
+        let reason = why.to_string();
+        for o in std::mem::take(&mut self.outq[q]) {
+            self.queued -= 1;
+            if let Some(r) = o.completes {
+                let what = self.reqs.get(r).map_or("sending", |x| x.what);
+                let e = match peer_gone(dest, what, state, false) {
+                    Error::PeerGone { rank, world_rank, during, .. } => {
+                        Error::PeerGone { rank, world_rank, during, reason: reason.clone(), pending: false }
+                    }
+                    e => e,
+                };
+                self.reqs.fail(r, e);
+            }
+        }
+    }
+
+    /// Sends a FIN: a peer that is gone waits for nothing any more.
+    fn send_fin(&mut self, peer: u32, fin: MsgHeader) -> Result<()> {
+        match self.send_control(peer, fin, Payload::None) {
+            Err(Error::PeerGone { .. }) => Ok(()),
+            r => r,
+        }
     }
 
     /// One round of progress: queued sends, received messages, deferred reads.
@@ -354,77 +404,90 @@ impl Engine {
             Ok(()) => self.reqs.complete(op.req, op.status),
             Err(e) => self.reqs.fail(op.req, e.into()),
         }
-        self.send_control(op.peer, op.fin, Payload::None)
+        self.send_fin(op.peer, op.fin)
     }
 
+    /// Runs the deferred work; one item's error does not drop the others
+    /// (the first error is returned once all have run).
     fn run_deferred(&mut self, lend: &mut LendTable) -> Result<()> {
+        let mut first = None;
         for d in std::mem::take(&mut self.deferred) {
-            match d {
-                Deferred::Revoke(key) => self.tp.revoke(&key),
-                Deferred::Read { req, peer, key, cookie, buf, tag } => {
-                    let fin = MsgHeader::control(MsgKind::Fin, 0, key.len, cookie, 0);
-                    let Some(dst) = lend.get_mut(buf) else {
-                        self.reqs.fail(req, Error::StaleRequest(req.index()));
-                        self.send_control(peer, fin, Payload::None)?;
-                        continue;
-                    };
-                    let status = RawStatus { src: peer, tag, sent: key.len, capacity: dst.len() as u64 };
-                    let split = key.len >= SPLIT_MIN && dst.len() as u64 >= key.len && self.tp.split_rendezvous();
-                    let n = dst.len().min(key.len as usize);
-                    let mine = if split {
-                        // Expose our buffer; the sender writes the second half while we read the first.
+            if let Err(e) = self.run_one(d, lend) {
+                first.get_or_insert(e);
+            }
+        }
+        first.map_or(Ok(()), Err)
+    }
+
+    fn run_one(&mut self, d: Deferred, lend: &mut LendTable) -> Result<()> {
+        match d {
+            Deferred::Revoke(key) => self.tp.revoke(&key),
+            Deferred::Read { req, peer, key, cookie, buf, tag } => {
+                let fin = MsgHeader::control(MsgKind::Fin, 0, key.len, cookie, 0);
+                let Some(dst) = lend.get_mut(buf) else {
+                    self.reqs.fail(req, Error::StaleRequest(req.index()));
+                    return self.send_fin(peer, fin);
+                };
+                let status = RawStatus { src: peer, tag, sent: key.len, capacity: dst.len() as u64 };
+                let split = key.len >= SPLIT_MIN && dst.len() as u64 >= key.len && self.tp.split_rendezvous();
+                let n = dst.len().min(key.len as usize);
+                let mine = if split {
+                    // Expose our buffer; the sender writes the second half while we read the first.
+                    let half = (n / 2) & !63;
+                    #[allow(unsafe_code)]
+                    // SAFETY: `dst` is the lent receive buffer; as for a send's
+                    // exposure, its lend scope outlives the request, which the
+                    // peer's FIN or `withdraw` revokes the key of first, and the
+                    // engine touches `dst` only through the read below meanwhile.
+                    let rkey = unsafe { self.tp.expose_mut(&mut dst[..n])? };
+                    if let Some(r) = self.reqs.get_mut(req) {
+                        r.exposed = Some(rkey);
+                        r.parts_left = 2;
+                        r.partial = Some(status);
+                    }
+                    let cts = MsgHeader::control(MsgKind::Cts, req.cookie(), key.len, cookie, RemoteKey::BYTES);
+                    if let Err(e) = self.send_control(peer, cts, Payload::Key(rkey.encode())) {
+                        // No half will come: the receive fails, and nothing stays exposed.
+                        self.reqs.fail(req, e);
+                        self.withdraw(req);
+                        return Ok(());
+                    }
+                    half
+                } else {
+                    n
+                };
+                #[allow(unsafe_code)]
+                // SAFETY: `dst` is lent: its scope ends only after this request
+                // is finished or withdrawn, and `cancel` waits for (or the
+                // transport abandons) the pending read recorded in `inflight`
+                // before a request's buffer is given back.
+                let r = key.slice(peer, 0, mine as u64).and_then(|k| unsafe { self.tp.read(peer, &k, &mut dst[..mine]) });
+                self.after_one_sided(r, InflightOp { req, peer, fin, status, part: split })?;
+            }
+            Deferred::WriteHalf { req, peer, key, recv_cookie } => {
+                let fin = MsgHeader::control(MsgKind::Fin, 0, key.len, recv_cookie, 0);
+                let src = self.reqs.get(req).and_then(|r| match (&r.owned, r.buf) {
+                    (Some(v), _) => Some(&v[..]),
+                    (None, Some(b)) => lend.get(b),
+                    (None, None) => None,
+                });
+                let r = match src {
+                    Some(src) => {
+                        let n = src.len().min(key.len as usize);
                         let half = (n / 2) & !63;
                         #[allow(unsafe_code)]
-                        // SAFETY: `dst` is the lent receive buffer; as for a send's
-                        // exposure, its lend scope outlives the request, which the
-                        // peer's FIN or `withdraw` revokes the key of first, and the
-                        // engine touches `dst` only through the read below meanwhile.
-                        let rkey = unsafe { self.tp.expose_mut(&mut dst[..n])? };
-                        if let Some(r) = self.reqs.get_mut(req) {
-                            r.exposed = Some(rkey);
-                            r.parts_left = 2;
-                            r.partial = Some(status);
-                        }
-                        let cts = MsgHeader::control(MsgKind::Cts, req.cookie(), key.len, cookie, RemoteKey::BYTES);
-                        self.send_control(peer, cts, Payload::Key(rkey.encode()))?;
-                        half
-                    } else {
-                        n
-                    };
-                    #[allow(unsafe_code)]
-                    // SAFETY: `dst` is lent: its scope ends only after this request
-                    // is finished or withdrawn, and `cancel` waits for (or the
-                    // transport abandons) the pending read recorded in `inflight`
-                    // before a request's buffer is given back.
-                    let r = key.slice(peer, 0, mine as u64).and_then(|k| unsafe { self.tp.read(peer, &k, &mut dst[..mine]) });
-                    self.after_one_sided(r, InflightOp { req, peer, fin, status, part: split })?;
-                }
-                Deferred::WriteHalf { req, peer, key, recv_cookie } => {
-                    let fin = MsgHeader::control(MsgKind::Fin, 0, key.len, recv_cookie, 0);
-                    let src = self.reqs.get(req).and_then(|r| match (&r.owned, r.buf) {
-                        (Some(v), _) => Some(&v[..]),
-                        (None, Some(b)) => lend.get(b),
-                        (None, None) => None,
-                    });
-                    let r = match src {
-                        Some(src) => {
-                            let n = src.len().min(key.len as usize);
-                            let half = (n / 2) & !63;
-                            #[allow(unsafe_code)]
-                            // SAFETY: `src` is the send's lent buffer or the vector the
-                            // request owns; either lives until the request is finished
-                            // or withdrawn, and `cancel` waits for (or abandons) the
-                            // pending write recorded in `inflight` first.
-                            let r = key
-                                .slice(peer, half as u64, (n - half) as u64)
-                                .and_then(|k| unsafe { self.tp.write(peer, &src[half..n], &k) });
-                            r
-                        }
-                        None => Err(fmx_transport::TransportError::Malformed { peer, what: "CTS for a send that is no longer pending" }),
-                    };
-                    let status = RawStatus { src: self.me, tag: 0, sent: key.len, capacity: key.len };
-                    self.after_one_sided(r, InflightOp { req, peer, fin, status, part: true })?;
-                }
+                        // SAFETY: `src` is the send's lent buffer or the vector the
+                        // request owns; either lives until the request is finished
+                        // or withdrawn, and `cancel` waits for (or abandons) the
+                        // pending write recorded in `inflight` first.
+                        let r =
+                            key.slice(peer, half as u64, (n - half) as u64).and_then(|k| unsafe { self.tp.write(peer, &src[half..n], &k) });
+                        r
+                    }
+                    None => Err(fmx_transport::TransportError::Malformed { peer, what: "CTS for a send that is no longer pending" }),
+                };
+                let status = RawStatus { src: self.me, tag: 0, sent: key.len, capacity: key.len };
+                self.after_one_sided(r, InflightOp { req, peer, fin, status, part: true })?;
             }
         }
         Ok(())
@@ -436,6 +499,11 @@ impl Engine {
 
     /// Frees a finished request and returns its outcome.
     pub(crate) fn take(&mut self, id: ReqId) -> Option<Result<RawStatus>> {
+        if !self.reqs.is_pending(id) {
+            // A failed rendezvous may still expose the buffer (a split receive
+            // whose read failed): the peer must not write into it once it is given back.
+            self.withdraw(id);
+        }
         self.reqs.take(id)
     }
 
@@ -683,7 +751,11 @@ impl Engine {
                 r.owned = Some(data);
             }
             let header = MsgHeader::control(MsgKind::Rts, match_bits(ctx, tag), len, req.cookie(), RemoteKey::BYTES);
-            return self.send_control(dest, header, Payload::Key(key.encode()));
+            let sent = self.send_control(dest, header, Payload::Key(key.encode()));
+            if sent.is_err() {
+                self.discard(req); // revokes the key before the vector is dropped
+            }
+            return sent;
         }
         let header = MsgHeader::eager(match_bits(ctx, tag), data.len(), 0);
         if self.outq[queue(dest, MsgKind::Eager)].is_empty() && self.tp.try_send(dest, &header, &data)? == SendOutcome::Sent {
