@@ -38,6 +38,7 @@ pub mod lend;
 pub mod liveness;
 pub mod loopback;
 pub mod mutate;
+pub mod ops;
 pub mod own;
 pub mod pool;
 pub mod settings;

@@ -171,25 +171,12 @@ impl Tx {
     }
 }
 
-struct Op {
-    peer: PeerId,
-    pieces: u32,
-    /// Registered for this operation (FI_MR_LOCAL providers), dropped at completion.
-    local: Option<Mr>,
-    error: Option<TransportError>,
-}
+/// One RMA piece not yet accepted by the provider; `desc` describes its local memory.
+pub(crate) type Piece = fmx_transport::ops::Piece<*mut c_void>;
 
-/// One RMA operation not yet accepted by the provider.
-struct Piece {
-    op: u64,
-    peer: PeerId,
-    local: *mut u8,
-    len: usize,
-    desc: *mut c_void,
-    remote_addr: u64,
-    key: u64,
-    read: bool,
-}
+/// RMA operations: the local side is registered for the operation on
+/// FI_MR_LOCAL providers (dropped at completion).
+type Operations = fmx_transport::ops::Operations<Option<Mr>, *mut c_void>;
 
 struct Peer {
     addr: sys::fi_addr_t,
@@ -335,10 +322,7 @@ impl OfiSetup {
             explicit_due: false,
             reallocated: false,
             finalized: false,
-            ops: HashMap::new(),
-            done_ops: Vec::new(),
-            next_op: 1,
-            pending: VecDeque::new(),
+            ops: Operations::default(),
             exposed: HashMap::new(),
             registry: BTreeMap::new(),
             stats: RegistrationStats::default(),
@@ -461,10 +445,7 @@ pub struct OfiEndpoint {
     explicit_due: bool,
     reallocated: bool,
     finalized: bool,
-    ops: HashMap<u64, Op>,
-    done_ops: Vec<u64>,
-    next_op: u64,
-    pending: VecDeque<Piece>,
+    ops: Operations,
     /// By (peer-visible address, key).
     exposed: HashMap<(u64, u64), Mr>,
     /// The core's registered buffers, by start address.
@@ -716,20 +697,9 @@ impl OfiEndpoint {
             Tx::Free => {}
             Tx::Slot(_, lease) => self.send_pool.release(lease),
             Tx::Piece(_, id) => {
-                if let Some(op) = self.ops.get_mut(&id) {
-                    op.pieces -= 1;
-                    if let Some(status) = failure {
-                        op.error.get_or_insert_with(|| TransportError::Completion {
-                            op: "RMA operation",
-                            peer,
-                            device: self.provider.clone(),
-                            status,
-                        });
-                    }
-                    if op.pieces == 0 {
-                        self.done_ops.push(id);
-                    }
-                }
+                let error =
+                    failure.map(|status| TransportError::Completion { op: "RMA operation", peer, device: self.provider.clone(), status });
+                self.ops.piece_done(id, error);
             }
             Tx::Mailbox(_) => {
                 if let Some(Some(p)) = self.peers.get_mut(peer as usize) {
@@ -851,25 +821,7 @@ impl OfiEndpoint {
         }
         let access = u64::from(if read { sys::FI_READ } else { sys::FI_WRITE });
         let (desc, mr) = self.local_desc(peer, local as u64, len, access)?;
-        let id = self.next_op;
-        self.next_op += 1;
-        let pieces = len.div_ceil(self.piece);
-        self.ops.insert(id, Op { peer, pieces: pieces as u32, local: mr, error: None });
-        for i in 0..pieces {
-            let off = i * self.piece;
-            let n = self.piece.min(len - off);
-            self.pending.push_back(Piece {
-                op: id,
-                peer,
-                // SAFETY: `off < len`: inside the caller's buffer.
-                local: unsafe { local.add(off) },
-                len: n,
-                desc,
-                remote_addr: r.addr + off as u64,
-                key: r.key,
-                read,
-            });
-        }
+        let id = self.ops.start(peer, local as u64, len, desc, &r, read, self.piece, mr);
         self.post_pending()?;
         Ok(OpStatus::Pending(id))
     }
@@ -879,7 +831,7 @@ impl OfiEndpoint {
         if !self.rma {
             self.retry_emulated()?;
         }
-        while let Some(pc) = self.pending.pop_front() {
+        while let Some(pc) = self.ops.pop() {
             let dest = match self.peers.get(pc.peer as usize) {
                 Some(Some(p)) if p.life.failure().is_none() => p.addr,
                 _ => {
@@ -888,7 +840,7 @@ impl OfiEndpoint {
                 }
             };
             let Some(ctx) = self.take_tx(Tx::Piece(pc.peer, pc.op)) else {
-                self.pending.push_front(pc);
+                self.ops.push_front(pc);
                 return Ok(());
             };
             let outcome = if self.rma {
@@ -900,7 +852,7 @@ impl OfiEndpoint {
                     if pc.read {
                         sys::fmx_fi_read(
                             self.fabric.ep(),
-                            pc.local.cast(),
+                            pc.local as *mut c_void,
                             pc.len,
                             pc.desc,
                             dest,
@@ -911,7 +863,7 @@ impl OfiEndpoint {
                     } else {
                         sys::fmx_fi_write(
                             self.fabric.ep(),
-                            pc.local.cast(),
+                            pc.local as *mut c_void,
                             pc.len,
                             pc.desc,
                             dest,
@@ -929,7 +881,7 @@ impl OfiEndpoint {
                 Ok(Posted::Yes) => {}
                 Ok(Posted::Again) => {
                     self.give_tx(ctx);
-                    self.pending.push_front(pc);
+                    self.ops.push_front(pc);
                     return Ok(());
                 }
                 Err(reason) => {
@@ -945,13 +897,7 @@ impl OfiEndpoint {
     fn fail_piece(&mut self, id: u64, peer: PeerId) {
         let reason =
             self.peers.get(peer as usize).and_then(Option::as_ref).and_then(|p| p.life.failure().map(str::to_owned)).unwrap_or_default();
-        if let Some(op) = self.ops.get_mut(&id) {
-            op.pieces -= 1;
-            op.error.get_or_insert(TransportError::PeerGone { peer, reason });
-            if op.pieces == 0 {
-                self.done_ops.push(id);
-            }
-        }
+        self.ops.piece_done(id, Some(TransportError::PeerGone { peer, reason }));
     }
 
     fn expose_region(&mut self, ptr: *mut u8, len: usize, writable: bool) -> Result<RemoteKey, TransportError> {
@@ -1275,18 +1221,13 @@ impl Endpoint for OfiEndpoint {
     /// provider never completes a read from a killed peer.
     fn abandon(&mut self, why: &str) -> bool {
         self.fabric.close_endpoint();
-        for (&id, op) in &mut self.ops {
-            if !self.done_ops.contains(&id) {
-                op.error.get_or_insert_with(|| TransportError::Completion {
-                    op: "RMA operation",
-                    peer: op.peer,
-                    device: self.provider.clone(),
-                    status: format!("abandoned: the endpoint was closed ({why})"),
-                });
-                self.done_ops.push(id);
-            }
-        }
-        self.pending.clear();
+        let device = &self.provider;
+        self.ops.abandon_all(|peer| TransportError::Completion {
+            op: "RMA operation",
+            peer,
+            device: device.clone(),
+            status: format!("abandoned: the endpoint was closed ({why})"),
+        });
         true
     }
 
@@ -1296,16 +1237,14 @@ impl Endpoint for OfiEndpoint {
     {
         self.drain_cq()?;
         self.post_pending()?;
-        let finished = std::mem::take(&mut self.done_ops);
+        let finished = self.ops.take_done();
         let n = finished.len();
-        for id in finished {
-            let Some(op) = self.ops.remove(&id) else { continue };
+        for f in finished {
             if !self.rma {
-                self.emulated_ids.retain(|_, o| *o != id);
+                self.emulated_ids.retain(|_, o| *o != f.id);
             }
-            drop(op.local);
-            let _ = op.peer;
-            done(id, op.error.map_or(Ok(()), Err));
+            drop(f.local); // the per-operation registration, if any
+            done(f.id, f.result);
         }
         Ok(n)
     }

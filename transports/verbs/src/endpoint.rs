@@ -145,12 +145,8 @@ enum Local {
     Bounce { lease: Lease, dst: Option<(*mut u8, usize)> },
 }
 
-struct Op {
-    peer: PeerId,
-    pieces: u32,
-    local: Local,
-    error: Option<TransportError>,
-}
+/// One-sided operations: pieces carry the lkey of their local memory.
+type Operations = fmx_transport::ops::Operations<Local, u32>;
 
 /// What backs a key handed out by `expose`.
 enum Exposure {
@@ -401,9 +397,7 @@ impl VerbsSetup {
             explicit_due: false,
             reallocated: false,
             finalized: false,
-            ops: HashMap::new(),
-            done_ops: Vec::new(),
-            next_op: 1,
+            ops: Operations::default(),
             exposed: HashMap::new(),
             registry: Registry::default(),
             stats: RegistrationStats::default(),
@@ -461,9 +455,7 @@ pub struct VerbsEndpoint {
     explicit_due: bool,
     reallocated: bool,
     finalized: bool,
-    ops: HashMap<u64, Op>,
-    done_ops: Vec<u64>,
-    next_op: u64,
+    ops: Operations,
     /// By (address, key): one buffer may be exposed several times at once (a window of sends).
     exposed: HashMap<(u64, u64), Exposure>,
     registry: Registry,
@@ -642,20 +634,13 @@ impl VerbsEndpoint {
             match what {
                 Inflight::Slot(lease) => self.send_pool.release(lease),
                 Inflight::Op(id) => {
-                    if let Some(op) = self.ops.get_mut(&id) {
-                        op.pieces -= 1;
-                        if let Some(reason) = &failure {
-                            op.error.get_or_insert_with(|| TransportError::Completion {
-                                op: "RDMA operation",
-                                peer,
-                                device: self.device.clone(),
-                                status: reason.clone(),
-                            });
-                        }
-                        if op.pieces == 0 {
-                            self.done_ops.push(id);
-                        }
-                    }
+                    let error = failure.as_ref().map(|reason| TransportError::Completion {
+                        op: "RDMA operation",
+                        peer,
+                        device: self.device.clone(),
+                        status: reason.clone(),
+                    });
+                    self.ops.piece_done(id, error);
                 }
                 Inflight::Nothing => {}
             }
@@ -746,31 +731,35 @@ impl VerbsEndpoint {
             let mr = self.register_per_op(peer, local, len, if read { Access::Local } else { Access::LocalRead })?;
             (mr.lkey(), addr, Local::PerOp(mr))
         };
-        let id = self.next_op;
-        self.next_op += 1;
-        let pieces = len.div_ceil(self.max_msg) as u32;
-        self.ops.insert(id, Op { peer, pieces, local: local_kind, error: None });
-        for i in 0..pieces as usize {
-            let off = i * self.max_msg;
-            let n = self.max_msg.min(len - off);
-            let remote_addr = r.addr + off as u64;
-            let rkey = r.key as u32;
-            let op = if read { SendOp::Read { remote_addr, rkey } } else { SendOp::Write { remote_addr, rkey } };
-            while !self.sq_room(peer)? {
-                std::thread::yield_now();
+        let id = self.ops.start(peer, base, len, lkey, &r, read, self.max_msg, local_kind);
+        self.post_pending()?;
+        Ok(OpStatus::Pending(id))
+    }
+
+    /// Posts queued pieces while the send queues have room; the rest wait for
+    /// the next `poll_ops` (a non-blocking call never waits for the device).
+    fn post_pending(&mut self) -> Result<(), TransportError> {
+        while let Some(pc) = self.ops.pop() {
+            let gone = match self.peers.get(pc.peer as usize) {
+                Some(Some(p)) => p.life.failure().map(str::to_owned),
+                _ => Some("no queue pair toward it".to_owned()),
+            };
+            if let Some(reason) = gone {
+                self.ops.piece_done(pc.op, Some(TransportError::PeerGone { peer: pc.peer, reason }));
+                continue;
             }
-            if let Err(e) = self.post(peer, op, (base + off as u64, n as u32, lkey), false, Inflight::Op(id), true) {
-                // Pieces already posted complete later; the op reports this error then.
-                let o = self.ops.get_mut(&id).expect("op just inserted");
-                o.pieces -= (pieces as usize - i) as u32;
-                o.error = Some(e);
-                if o.pieces == 0 {
-                    self.done_ops.push(id);
-                }
-                break;
+            if !self.sq_room(pc.peer)? {
+                self.ops.push_front(pc);
+                return Ok(());
+            }
+            let (remote_addr, rkey) = (pc.remote_addr, pc.key as u32);
+            let op = if pc.read { SendOp::Read { remote_addr, rkey } } else { SendOp::Write { remote_addr, rkey } };
+            if let Err(e) = self.post(pc.peer, op, (pc.local, pc.len as u32, pc.desc), false, Inflight::Op(pc.op), true) {
+                // Pieces already posted complete later; the operation reports this error then.
+                self.ops.piece_done(pc.op, Some(e));
             }
         }
-        Ok(OpStatus::Pending(id))
+        Ok(())
     }
 
     /// A key for `[ptr, ptr+len)`: the owned registration covering it, a bounce
@@ -1027,13 +1016,13 @@ impl Endpoint for VerbsEndpoint {
         F: FnMut(u64, Result<(), TransportError>),
     {
         self.reap_sends()?;
-        let finished = std::mem::take(&mut self.done_ops);
+        self.post_pending()?;
+        let finished = self.ops.take_done();
         let n = finished.len();
-        for id in finished {
-            let Some(op) = self.ops.remove(&id) else { continue };
-            match op.local {
+        for f in finished {
+            match f.local {
                 Local::Bounce { lease, dst } => {
-                    if let (Some((dst, len)), None) = (dst, &op.error) {
+                    if let (Some((dst, len)), Ok(())) = (dst, &f.result) {
                         let src = self.bounce.buf(&lease);
                         // SAFETY: `dst` is the caller's `local` of a READ, kept
                         // alive and untouched until this report (Endpoint::read).
@@ -1044,8 +1033,7 @@ impl Endpoint for VerbsEndpoint {
                 Local::PerOp(mr) => drop(mr),
                 Local::Owned => {}
             }
-            let _ = op.peer;
-            done(id, op.error.map_or(Ok(()), Err));
+            done(f.id, f.result);
         }
         Ok(n)
     }

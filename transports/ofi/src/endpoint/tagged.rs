@@ -246,10 +246,7 @@ impl OfiEndpoint {
     fn fail_emulated(&mut self, peer: PeerId, id: u64) {
         if let Some(&op) = self.emulated_ids.get(&id) {
             self.emulated_ids.remove(&id);
-            if let Some(o) = self.ops.get_mut(&op) {
-                o.error
-                    .get_or_insert(TransportError::Malformed { peer, what: "the owner refused a read or write outside what it exposed" });
-            }
+            self.ops.fail(op, TransportError::Malformed { peer, what: "the owner refused a read or write outside what it exposed" });
         }
     }
 
@@ -262,7 +259,7 @@ impl OfiEndpoint {
             let rc = unsafe {
                 sys::fmx_fi_trecv(
                     self.fabric.ep(),
-                    pc.local.cast(),
+                    pc.local as *mut c_void,
                     pc.len,
                     pc.desc,
                     sys::FI_ADDR_UNSPEC,
@@ -315,7 +312,7 @@ impl OfiEndpoint {
             let rc = unsafe {
                 sys::fmx_fi_tsend(
                     self.fabric.ep(),
-                    pc.local.cast(),
+                    pc.local as *mut c_void,
                     pc.len,
                     pc.desc,
                     dest,
