@@ -40,6 +40,7 @@ pub mod loopback;
 pub mod mutate;
 pub mod ops;
 pub mod own;
+pub mod peers;
 pub mod pool;
 pub mod settings;
 pub mod sweep;

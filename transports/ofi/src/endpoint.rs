@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 use fmx_transport::credit::{mailbox, Class, CreditConfig, Gate, PeerCredits};
 use fmx_transport::liveness::{host_identity, PeerLife};
 use fmx_transport::own::{OwnQueue, OWN_SLOTS};
+use fmx_transport::peers::{PeerList, RdmaPeer};
 use fmx_transport::pool::{HugePages, Lease, Pool, PoolConfig, RegistrationHook};
 use fmx_transport::settings::{env_limited, env_number, env_positive, limits};
 use fmx_transport::{
@@ -178,6 +179,15 @@ pub(crate) type Piece = fmx_transport::ops::Piece<*mut c_void>;
 /// FI_MR_LOCAL providers (dropped at completion).
 type Operations = fmx_transport::ops::Operations<Option<Mr>, *mut c_void>;
 
+impl RdmaPeer for Peer {
+    fn credits(&mut self) -> &mut PeerCredits {
+        &mut self.credits
+    }
+    fn life(&self) -> &PeerLife {
+        &self.life
+    }
+}
+
 struct Peer {
     addr: sys::fi_addr_t,
     credits: PeerCredits,
@@ -315,7 +325,7 @@ impl OfiSetup {
             inject: inject.min(256),
             provider,
             credit,
-            peers: Vec::new(),
+            peers: PeerList::new(Vec::new()),
             own: OwnQueue::default(),
             arrived: VecDeque::new(),
             unposted: VecDeque::new(),
@@ -402,22 +412,24 @@ impl OfiSetup {
         let names: Vec<&[u8]> = decoded.iter().map(|a| a.name.as_slice()).collect();
         let fi_addrs = ep.fabric.insert(&names)?;
         let mine = host_identity();
-        ep.peers = decoded
-            .iter()
-            .zip(fi_addrs)
-            .enumerate()
-            .map(|(r, (a, addr))| {
-                let r = r as u32;
-                (r != cfg.rank).then(|| Peer {
-                    addr,
-                    credits: PeerCredits::new(&ep.credit, r < cfg.rank),
-                    mailbox_addr: a.mailbox_addr + 8 * u64::from(cfg.rank),
-                    mailbox_key: a.mailbox_key,
-                    mailbox_busy: false,
-                    life: PeerLife::new(a.pid, &a.host, &mine),
+        ep.peers = PeerList::new(
+            decoded
+                .iter()
+                .zip(fi_addrs)
+                .enumerate()
+                .map(|(r, (a, addr))| {
+                    let r = r as u32;
+                    (r != cfg.rank).then(|| Peer {
+                        addr,
+                        credits: PeerCredits::new(&ep.credit, r < cfg.rank),
+                        mailbox_addr: a.mailbox_addr + 8 * u64::from(cfg.rank),
+                        mailbox_key: a.mailbox_key,
+                        mailbox_busy: false,
+                        life: PeerLife::new(a.pid, &a.host, &mine),
+                    })
                 })
-            })
-            .collect();
+                .collect(),
+        );
         ep.connect_all(CONNECT_TIMEOUT)?;
         Ok(ep)
     }
@@ -436,7 +448,7 @@ pub struct OfiEndpoint {
     inject: usize,
     provider: String,
     credit: CreditConfig,
-    peers: Vec<Option<Peer>>,
+    peers: PeerList<Peer>,
     own: OwnQueue,
     /// Receive completions read but not yet handed to a sink: (slot, bytes, sender).
     arrived: VecDeque<(usize, usize, PeerId)>,
@@ -553,27 +565,8 @@ impl OfiEndpoint {
         posted(rc)
     }
 
-    fn peer(&mut self, peer: PeerId) -> Result<&mut Peer, TransportError> {
-        let size = self.size;
-        match self.peers.get_mut(peer as usize) {
-            Some(Some(p)) => match p.life.failure() {
-                Some(reason) => Err(TransportError::PeerGone { peer, reason: reason.to_owned() }),
-                None => Ok(p),
-            },
-            _ => Err(TransportError::NoSuchPeer { peer, size }),
-        }
-    }
-
     fn mailbox_word(&self, peer: PeerId) -> u64 {
         mailbox::load(&self.mailbox, peer as usize)
-    }
-
-    fn read_mailbox(&mut self, peer: PeerId) {
-        if let Some((d, k, _)) = mailbox::decode(self.mailbox_word(peer)) {
-            if let Some(Some(p)) = self.peers.get_mut(peer as usize) {
-                p.credits.on_credit(d, k);
-            }
-        }
     }
 
     fn take_tx(&mut self, what: Tx) -> Option<usize> {
@@ -815,7 +808,7 @@ impl OfiEndpoint {
     /// Starts a one-sided operation in pieces of at most `piece` bytes.
     fn one_sided(&mut self, peer: PeerId, remote: &RemoteKey, local: *mut u8, len: usize, read: bool) -> Result<OpStatus, TransportError> {
         let r = remote.slice(peer, 0, len as u64)?;
-        self.peer(peer)?;
+        self.peers.alive(peer)?;
         if len == 0 {
             return Ok(OpStatus::Done);
         }
@@ -1026,7 +1019,7 @@ impl OfiEndpoint {
 
     fn send_eager(&mut self, peer: PeerId, h: &MsgHeader, payload: &[u8]) -> Result<SendOutcome, TransportError> {
         let len = HEADER_BYTES + payload.len();
-        let dest = self.peer(peer)?.addr;
+        let dest = self.peers.alive(peer)?.addr;
         let tag = u64::from(self.rank);
         let mut hb = [0u8; HEADER_BYTES];
         h.encode(&mut hb);
@@ -1115,16 +1108,16 @@ impl Endpoint for OfiEndpoint {
             return Ok(self.own.push(header, payload));
         }
         let class = Class::of(header.kind);
-        if self.peer(peer)?.credits.peek(class) == Gate::Backpressure {
-            self.read_mailbox(peer);
+        if self.peers.alive(peer)?.credits.peek(class) == Gate::Backpressure {
+            self.peers.read_mailbox(&self.mailbox, peer);
         }
-        match self.peer(peer)?.credits.peek(class) {
+        match self.peers.alive(peer)?.credits.peek(class) {
             Gate::Go => {}
             Gate::Backpressure => return Ok(SendOutcome::Backpressure),
             Gate::NotAllowed => return Ok(SendOutcome::NotAllowed),
         }
         // The credit and the piggybacked returns count only if the send goes out.
-        let p = self.peer(peer)?;
+        let p = self.peers.alive(peer)?;
         let saved = p.credits.clone();
         let gate = p.credits.try_take(class);
         debug_assert_eq!(gate, Gate::Go);
@@ -1146,15 +1139,7 @@ impl Endpoint for OfiEndpoint {
         if peer == self.rank {
             return self.own.credit();
         }
-        let Ok(p) = self.peer(peer) else { return SendOutcome::Backpressure };
-        if p.credits.peek(Class::Data) == Gate::Backpressure {
-            self.read_mailbox(peer);
-        }
-        match self.peers[peer as usize].as_ref().map(|p| p.credits.peek(Class::Data)) {
-            Some(Gate::Go) => SendOutcome::Sent,
-            Some(Gate::NotAllowed) => SendOutcome::NotAllowed,
-            _ => SendOutcome::Backpressure,
-        }
+        self.peers.credit(&self.mailbox, peer)
     }
 
     fn poll<F>(&mut self, max: usize, mut sink: F) -> Result<usize, TransportError>
@@ -1256,13 +1241,9 @@ impl Endpoint for OfiEndpoint {
         if peer >= self.size {
             return PeerState::Dead;
         }
-        if mailbox::decode(self.mailbox_word(peer)).is_some_and(|(_, _, fin)| fin) {
-            return PeerState::Finalized;
-        }
-        let _ = self.drain_cq();
-        let Some(Some(p)) = self.peers.get(peer as usize) else { return PeerState::Dead };
-        if p.life.is_dead() {
-            return PeerState::Dead;
+        let _ = self.drain_cq(); // completions may tell that it is gone
+        if let Some(state) = self.peers.departed(&self.mailbox, peer) {
+            return state;
         }
         self.probe(peer); // another host: a failed probe marks it dead
         PeerState::Alive
@@ -1273,9 +1254,7 @@ impl Endpoint for OfiEndpoint {
             return Ok(());
         }
         self.reallocated = true;
-        for p in self.peers.iter_mut().flatten() {
-            p.credits.reallocate(&self.credit);
-        }
+        self.peers.reallocate(&self.credit);
         self.return_credits(true)
     }
 

@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use fmx_transport::credit::{Class, CreditConfig, Gate, PeerCredits};
 use fmx_transport::liveness::PeerLife;
 use fmx_transport::own::{OwnQueue, OWN_SLOTS};
+use fmx_transport::peers::{PeerList, RdmaPeer};
 use fmx_transport::pool::{HugePages, Lease, Pool, PoolConfig, RegistrationHook};
 use fmx_transport::settings::{env_limited, env_number as env_num, limits};
 use fmx_transport::{
@@ -156,6 +157,15 @@ enum Exposure {
         lease: Lease,
         dst: Option<(*mut u8, usize)>,
     },
+}
+
+impl RdmaPeer for Peer {
+    fn credits(&mut self) -> &mut PeerCredits {
+        &mut self.credits
+    }
+    fn life(&self) -> &PeerLife {
+        &self.life
+    }
 }
 
 struct Peer {
@@ -391,7 +401,7 @@ impl VerbsSetup {
             max_msg: (self.chosen.port_attr.max_msg_sz as usize).clamp(1 << 16, MAX_PIECE),
             device: self.chosen.ctx.name.clone(),
             credit: self.credit,
-            peers,
+            peers: PeerList::new(peers),
             qpn_to_peer,
             own: OwnQueue::default(),
             explicit_due: false,
@@ -449,7 +459,7 @@ pub struct VerbsEndpoint {
     max_msg: usize,
     device: String,
     credit: CreditConfig,
-    peers: Vec<Option<Peer>>,
+    peers: PeerList<Peer>,
     qpn_to_peer: Vec<(u32, PeerId)>,
     own: OwnQueue,
     explicit_due: bool,
@@ -529,28 +539,6 @@ impl VerbsEndpoint {
         self.peers.get(peer as usize).and_then(Option::as_ref).map(|p| &p.credits)
     }
 
-    fn peer(&mut self, peer: PeerId) -> Result<&mut Peer, TransportError> {
-        let size = self.size;
-        match self.peers.get_mut(peer as usize) {
-            Some(Some(p)) => match p.life.failure() {
-                Some(reason) => Err(TransportError::PeerGone { peer, reason: reason.to_owned() }),
-                None => Ok(p),
-            },
-            _ => Err(TransportError::NoSuchPeer { peer, size }),
-        }
-    }
-
-    fn mailbox_word(&self, peer: PeerId) -> u64 {
-        mailbox::load(&self.mailbox, peer as usize)
-    }
-
-    fn read_mailbox(&mut self, peer: PeerId) {
-        if let Some((d, k, _)) = mailbox::decode(self.mailbox_word(peer)) {
-            if let Some(Some(p)) = self.peers.get_mut(peer as usize) {
-                p.credits.on_credit(d, k);
-            }
-        }
-    }
 
     /// Posts one work request toward `peer`, signaling it when due.
     fn post(
@@ -563,7 +551,7 @@ impl VerbsEndpoint {
         force_signal: bool,
     ) -> Result<(), TransportError> {
         let low_slots = self.send_pool.leased() * 4 >= 3 * SEND_BUFS;
-        let p = self.peer(peer)?;
+        let p = self.peers.alive(peer)?;
         let seq = p.seq;
         let signaled = force_signal || low_slots || p.unsignaled + 1 >= SIGNAL_EVERY;
         let wr = SendWr { wr_id: (u64::from(peer) << PEER_SHIFT) | seq, opcode: op, local, signaled, inline };
@@ -704,7 +692,7 @@ impl VerbsEndpoint {
     /// Starts a one-sided operation in pieces of at most the device's message size.
     fn one_sided(&mut self, peer: PeerId, remote: &RemoteKey, local: *mut u8, len: usize, read: bool) -> Result<OpStatus, TransportError> {
         let r = remote.slice(peer, 0, len as u64)?;
-        self.peer(peer)?;
+        self.peers.alive(peer)?;
         if len == 0 {
             return Ok(OpStatus::Done);
         }
@@ -845,10 +833,10 @@ impl Endpoint for VerbsEndpoint {
         let len = HEADER_BYTES + payload.len();
         let inline = len <= self.max_inline.min(INLINE_BUF);
         // Resources first, credit last: a credit once taken is always used.
-        if self.peer(peer)?.credits.peek(class) == Gate::Backpressure {
-            self.read_mailbox(peer);
+        if self.peers.alive(peer)?.credits.peek(class) == Gate::Backpressure {
+            self.peers.read_mailbox(&self.mailbox, peer);
         }
-        match self.peer(peer)?.credits.peek(class) {
+        match self.peers.alive(peer)?.credits.peek(class) {
             Gate::Go => {}
             Gate::Backpressure => return Ok(SendOutcome::Backpressure),
             Gate::NotAllowed => return Ok(SendOutcome::NotAllowed),
@@ -870,7 +858,7 @@ impl Endpoint for VerbsEndpoint {
                 }
             }
         };
-        let p = self.peer(peer)?;
+        let p = self.peers.alive(peer)?;
         let gate = p.credits.try_take(class);
         debug_assert_eq!(gate, Gate::Go);
         let mut h = *header;
@@ -899,15 +887,7 @@ impl Endpoint for VerbsEndpoint {
         if peer == self.rank {
             return self.own.credit();
         }
-        let Ok(p) = self.peer(peer) else { return SendOutcome::Backpressure };
-        if p.credits.peek(Class::Data) == Gate::Backpressure {
-            self.read_mailbox(peer);
-        }
-        match self.peers[peer as usize].as_ref().map(|p| p.credits.peek(Class::Data)) {
-            Some(Gate::Go) => SendOutcome::Sent,
-            Some(Gate::NotAllowed) => SendOutcome::NotAllowed,
-            _ => SendOutcome::Backpressure,
-        }
+        self.peers.credit(&self.mailbox, peer)
     }
 
     fn poll<F>(&mut self, max: usize, mut sink: F) -> Result<usize, TransportError>
@@ -1045,13 +1025,9 @@ impl Endpoint for VerbsEndpoint {
         if peer >= self.size {
             return PeerState::Dead;
         }
-        if mailbox::decode(self.mailbox_word(peer)).is_some_and(|(_, _, fin)| fin) {
-            return PeerState::Finalized;
-        }
-        let _ = self.reap_sends();
-        let Some(Some(p)) = self.peers.get(peer as usize) else { return PeerState::Dead };
-        if p.life.is_dead() {
-            return PeerState::Dead;
+        let _ = self.reap_sends(); // completions may tell that it is gone
+        if let Some(state) = self.peers.departed(&self.mailbox, peer) {
+            return state;
         }
         self.probe(peer); // another host: a failed probe marks it dead
         PeerState::Alive
@@ -1062,9 +1038,7 @@ impl Endpoint for VerbsEndpoint {
             return Ok(());
         }
         self.reallocated = true;
-        for p in self.peers.iter_mut().flatten() {
-            p.credits.reallocate(&self.credit);
-        }
+        self.peers.reallocate(&self.credit);
         self.return_credits(true)
     }
 
