@@ -283,9 +283,24 @@ impl Drop for Scope<'_, '_> {
         if ids.is_empty() {
             return;
         }
-        if let Ok(mut e) = self.comm.sh.engine.try_borrow_mut() {
-            for (id, _, _) in ids {
-                e.discard(id);
+        match self.comm.sh.engine.try_borrow_mut() {
+            Ok(mut e) => {
+                for (id, _, _) in ids {
+                    e.discard(id);
+                }
+            }
+            Err(_) => {
+                // A frame further out holds the engine (a handler that panicked
+                // inside progress): the requests cannot be withdrawn, and a device
+                // or a peer may still write into the buffers this scope is about
+                // to give back. Only stopping the process is sound (as the lend
+                // table does when it cannot retire its loans).
+                eprintln!(
+                    "fmx: a scope with {} pending operations unwound while the progress engine was in use; \
+                     aborting: their buffers could not be withdrawn from the transport",
+                    ids.len()
+                );
+                std::process::abort();
             }
         }
     }
