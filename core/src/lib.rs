@@ -198,7 +198,7 @@ pub(crate) fn open_world(mut boot: bootstrap::Bootstrap, local_ranks: usize) -> 
 /// Finalizes one engine: drains queued sends, tells the peers (a peer still
 /// waiting for a message from us gets an error at once instead of waiting
 /// for ever), waits for every rank through the launcher.
-pub(crate) fn finalize_shared(sh: &comm::Shared) -> Result<()> {
+pub(crate) fn finalize_shared(sh: &std::rc::Rc<comm::Shared>) -> Result<()> {
     if sh.finalized.get() {
         return Ok(());
     }
@@ -208,7 +208,14 @@ pub(crate) fn finalize_shared(sh: &comm::Shared) -> Result<()> {
     use fmx_transport::Endpoint;
     let announced = sh.engine.borrow_mut().tp.finalize();
     drained?;
-    let r = sh.boot.borrow_mut().finalize();
+    // Ranks may finish long apart: the barrier waits, but not for a dead peer.
+    let weak = std::rc::Rc::downgrade(sh);
+    let watch = Box::new(move || {
+        let sh = weak.upgrade()?;
+        let mut e = sh.engine.try_borrow_mut().ok()?;
+        e.dead_peer("finalizing (waiting for every rank to finish)")
+    });
+    let r = sh.boot.borrow_mut().finalize_watching(watch);
     announced?;
     r
 }

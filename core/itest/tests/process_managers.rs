@@ -100,6 +100,16 @@ fn hydra_pmi2_ranks_point_to_point_and_collectives() {
     identity_under_hydra("2", "PMI-2");
 }
 
+/// Ranks that finish seconds apart (3 s, with FMX_PMI_TIMEOUT=1): the
+/// finalize barrier waits for the last, over PMI-1 and PMI-2.
+#[test]
+#[ignore = "needs MPICH's mpiexec.hydra: scripts/test-all installs it and runs these"]
+fn hydra_finalize_waits_for_a_rank_that_finishes_late() {
+    for pmi in ["1", "2"] {
+        hydra_ok_env(3, pmi, "late-finalize", &[("FMX_PMI_TIMEOUT", "1")]);
+    }
+}
+
 #[test]
 #[ignore = "needs MPICH's mpiexec.hydra: scripts/test-all installs it and runs these"]
 fn hydra_spawns_a_new_world_that_reports_back() {

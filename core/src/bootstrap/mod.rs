@@ -99,6 +99,17 @@ impl Bootstrap {
         }
     }
 
+    /// [`Bootstrap::finalize`] whose barrier waits for the slowest rank
+    /// however long it works, asking `watch` whether a peer died meanwhile
+    /// (a PMI reply otherwise has `FMX_PMI_TIMEOUT`; fmxrun watches the
+    /// ranks itself).
+    pub(crate) fn finalize_watching(&mut self, watch: pmi::Watch) -> Result<()> {
+        match self {
+            Self::Pmi(c) => c.finalize_watching(watch),
+            _ => self.finalize(),
+        }
+    }
+
     /// Where the launcher's failure notice arrives (fmxrun only: under Hydra
     /// and Slurm `-K` the process manager ends the job on a failure itself).
     pub(crate) fn link(&self) -> Option<std::rc::Rc<Link>> {

@@ -661,6 +661,15 @@ impl Engine {
         Some(peer_gone(peer, what, state, false))
     }
 
+    /// The first peer whose process is gone without finalizing, as the error of `during`.
+    pub(crate) fn dead_peer(&mut self, during: &str) -> Option<Error> {
+        let me = self.me;
+        (0..self.tp.num_peers()).filter(|&p| p != me).find_map(|p| match self.tp.peer_state(p) {
+            PeerState::Dead => Some(peer_gone(p, during, PeerState::Dead, false)),
+            _ => None,
+        })
+    }
+
     fn gone(&mut self, peer: u32) -> Option<PeerState> {
         match self.tp.peer_state(peer) {
             PeerState::Alive => None,

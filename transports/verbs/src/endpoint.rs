@@ -539,7 +539,6 @@ impl VerbsEndpoint {
         self.peers.get(peer as usize).and_then(Option::as_ref).map(|p| &p.credits)
     }
 
-
     /// Posts one work request toward `peer`, signaling it when due.
     fn post(
         &mut self,

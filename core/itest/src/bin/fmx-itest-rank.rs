@@ -126,6 +126,13 @@ fn main() {
         "ring" => ring(w),
         "stress" => stress(w, false),
         "stress-sizes" => stress(w, true),
+        // The last rank finishes 3 s after the others (more than FMX_PMI_TIMEOUT in the test).
+        "late-finalize" => {
+            if w.rank() + 1 == w.size() {
+                std::thread::sleep(std::time::Duration::from_secs(3));
+            }
+            fmx.finalize().map_err(e2s)
+        }
         "finalize-use" => {
             let c = w.dup().map_err(e2s);
             let r = c.and_then(|c| {

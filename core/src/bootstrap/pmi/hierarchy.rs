@@ -59,8 +59,15 @@ pub(crate) fn leave(job: &str, round: u32, rank: u32, blob: &[u8]) -> Result<()>
 
 /// The leader collects the blobs of `ranks` (its node's others), removing
 /// each file once read; waits at most `timeout` for each to appear.
-pub(crate) fn collect(job: &str, round: u32, ranks: &[u32], timeout: Duration) -> Result<Vec<(u32, Vec<u8>)>> {
+pub(crate) fn collect(
+    job: &str,
+    round: u32,
+    ranks: &[u32],
+    timeout: Duration,
+    mut watch: Option<&mut super::Watch>,
+) -> Result<Vec<(u32, Vec<u8>)>> {
     let deadline = Instant::now() + timeout;
+    let mut asked = Instant::now();
     let mut out = Vec::with_capacity(ranks.len());
     for &r in ranks {
         let p = path(job, round, r);
@@ -73,6 +80,20 @@ pub(crate) fn collect(job: &str, round: u32, ranks: &[u32], timeout: Duration) -
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound && Instant::now() < deadline => {
                     std::thread::sleep(Duration::from_millis(1));
+                }
+                // Past the deadline a watched wait (the finalize barrier) goes on
+                // for as long as the rank works, unless the watch finds a peer gone.
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound && watch.is_some() => {
+                    std::thread::sleep(Duration::from_millis(10));
+                    if asked.elapsed() >= super::WATCH_EVERY {
+                        asked = Instant::now();
+                        if let Some(e) = watch.as_mut().and_then(|w| w()) {
+                            for &q in ranks {
+                                let _ = std::fs::remove_file(path(job, round, q));
+                            }
+                            return Err(e);
+                        }
+                    }
                 }
                 Err(e) => {
                     for &q in ranks {
@@ -130,11 +151,32 @@ mod tests {
         let job = format!("unit{}", std::process::id());
         leave(&job, 0, 1, b"one").unwrap();
         leave(&job, 0, 2, b"two").unwrap();
-        let got = collect(&job, 0, &[1, 2], Duration::from_secs(1)).unwrap();
+        let got = collect(&job, 0, &[1, 2], Duration::from_secs(1), None).unwrap();
         assert_eq!(got, vec![(1, b"one".to_vec()), (2, b"two".to_vec())]);
         assert!(!path(&job, 0, 1).exists(), "the leader removes what it read");
-        let e = collect(&job, 1, &[5], Duration::from_millis(50)).unwrap_err().to_string();
+        let e = collect(&job, 1, &[5], Duration::from_millis(50), None).unwrap_err().to_string();
         assert!(e.contains("rank 5's address file") && e.contains("FMX_PMI_HIERARCHY=off"), "{e}");
+    }
+
+    /// The finalize barrier's node-level wait: past the timeout it waits for
+    /// a late rank's file, and ends with the watch's error when a peer died.
+    #[test]
+    fn a_watched_wait_outlasts_the_timeout_and_ends_on_the_watch() {
+        let job = format!("unitw{}", std::process::id());
+        let late = {
+            let job = job.clone();
+            std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(300));
+                leave(&job, 0, 1, b"late").unwrap();
+            })
+        };
+        let mut never: super::super::Watch = Box::new(|| None);
+        let got = collect(&job, 0, &[1], Duration::from_millis(50), Some(&mut never)).unwrap();
+        assert_eq!(got, vec![(1, b"late".to_vec())]);
+        late.join().unwrap();
+        let mut dead: super::super::Watch = Box::new(|| Some(crate::error::Error::Bootstrap("rank 3 died".into())));
+        let e = collect(&job, 1, &[3], Duration::from_millis(50), Some(&mut dead)).unwrap_err().to_string();
+        assert!(e.contains("rank 3 died"), "{e}");
     }
 
     #[test]

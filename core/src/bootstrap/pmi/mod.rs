@@ -92,7 +92,17 @@ pub(crate) struct Client {
     by_node: bool,
     value_max: usize,
     rounds: u32,
+    /// While set (the finalize barrier), replies may take as long as the
+    /// slowest rank's work: no deadline, but this is asked every second
+    /// whether a peer died meanwhile.
+    watch: Option<Watch>,
 }
+
+/// Answers the error to give up with when a peer is gone, else `None`.
+pub(crate) type Watch = Box<dyn FnMut() -> Option<Error>>;
+
+/// How often a patient wait asks its watch.
+const WATCH_EVERY: Duration = Duration::from_secs(1);
 
 fn env_u32(name: &str) -> Result<Option<u32>> {
     match std::env::var(name) {
@@ -156,6 +166,7 @@ impl Client {
             by_node: false,
             value_max: PMI2_VALUE_MAX,
             rounds: 0,
+            watch: None,
         };
         c.handshake(hints)?;
         if c.size == 0 || c.rank >= c.size {
@@ -257,7 +268,7 @@ impl Client {
         if leader_of(node, &self.nodes) == self.rank {
             let others: Vec<u32> = (0..self.size).filter(|&r| r != self.rank && self.nodes[r as usize] == node).collect();
             let mut mine = vec![(self.rank, blob.to_vec())];
-            mine.extend(hierarchy::collect(&self.job, round, &others, self.timeout)?);
+            mine.extend(hierarchy::collect(&self.job, round, &others, self.timeout, self.watch.as_mut())?);
             self.put_blob(&format!("fmx-{round}-n{node}"), &hierarchy::pack(&mine))?;
         } else {
             hierarchy::leave(&self.job, round, self.rank, blob)?;
@@ -377,6 +388,16 @@ impl Client {
         }
     }
 
+    /// [`Pmi::finalize`] for ranks that finish at different times: its
+    /// barrier waits for the slowest rank however long it works (MPI_Finalize
+    /// does too), asking `watch` every second whether a peer died instead.
+    pub(crate) fn finalize_watching(&mut self, watch: Watch) -> Result<()> {
+        self.watch = Some(watch);
+        let r = self.finalize();
+        self.watch = None;
+        r
+    }
+
     /// A barrier, then the finalize handshake.
     pub(crate) fn finalize(&mut self) -> Result<()> {
         self.barrier()?;
@@ -493,6 +514,9 @@ impl Client {
     }
 
     fn read_reply(&mut self, version: Version, what: &str) -> Result<Msg> {
+        if self.watch.is_some() {
+            self.await_reply(what)?;
+        }
         // The whole reply within the timeout: a server that trickles bytes
         // cannot stretch it byte by byte.
         self.conn.get_mut().deadline = Some(std::time::Instant::now() + self.timeout);
@@ -501,6 +525,24 @@ impl Client {
             Version::V2 => wire::read_v2(&mut self.conn),
         };
         r.map_err(|e| self.io_error(e, what))
+    }
+
+    /// Waits without a deadline for the first byte of a reply, asking the
+    /// watch every second whether a peer died.
+    fn await_reply(&mut self, what: &str) -> Result<()> {
+        if !self.conn.buffer().is_empty() {
+            return Ok(());
+        }
+        loop {
+            match self.conn.get_ref().readable_within(WATCH_EVERY) {
+                Ok(true) => return Ok(()),
+                Ok(false) => {}
+                Err(e) => return Err(self.io_error(e, what)),
+            }
+            if let Some(e) = self.watch.as_mut().and_then(|w| w()) {
+                return Err(e);
+            }
+        }
     }
 
     fn io_error(&self, e: std::io::Error, what: &str) -> Error {

@@ -205,3 +205,64 @@ fn spawn_arguments_pmi_cannot_carry_are_rejected() {
     let e = c.spawn(&req).unwrap_err().to_string();
     assert!(e.contains("\"two words\"") && e.contains("space"), "{e}");
 }
+
+/// Hydra answering `barrier_in` only once the slowest rank arrives (after `late`).
+fn late_barrier(late: Duration) -> impl Fn(&str) -> Option<String> {
+    move |line| match line {
+        "cmd=barrier_in" => {
+            thread::sleep(late);
+            Some("cmd=barrier_out rc=0\n".into())
+        }
+        "cmd=finalize" => Some("cmd=finalize_ack rc=0\n".into()),
+        _ => hydra_like(2, "none")(line),
+    }
+}
+
+fn connect_with_timeout(s: UnixStream, timeout: Duration) -> Client {
+    Client::connect(s, Version::V1, timeout, &hints(0, 2)).unwrap()
+}
+
+/// Ranks that finish minutes apart: the finalize barrier waits for the last
+/// one past FMX_PMI_TIMEOUT (here 200 ms against a rank 1.5 s late), asking
+/// its watch meanwhile; an ordinary request still times out.
+#[test]
+fn the_finalize_barrier_waits_for_a_late_rank_past_the_timeout() {
+    let mut plain = connect_with_timeout(v1_server(late_barrier(Duration::from_millis(1500))), Duration::from_millis(200));
+    let e = plain.finalize().err().unwrap().to_string();
+    assert!(e.contains("no answer to barrier_in"), "{e}");
+
+    let mut c = connect_with_timeout(v1_server(late_barrier(Duration::from_millis(1500))), Duration::from_millis(200));
+    let asked = std::rc::Rc::new(std::cell::Cell::new(0));
+    let seen = asked.clone();
+    c.finalize_watching(Box::new(move || {
+        seen.set(seen.get() + 1);
+        None
+    }))
+    .unwrap();
+    assert!(asked.get() >= 1, "the watch was never asked while the barrier waited");
+}
+
+/// A peer that dies while the others wait in the finalize barrier ends the
+/// wait with the watch's error, not never (Slurm without --kill-on-bad-exit
+/// keeps the step running).
+#[test]
+fn a_dead_peer_ends_the_finalize_barrier() {
+    let mut c = connect_with_timeout(v1_server(late_barrier(Duration::from_secs(60))), Duration::from_millis(200));
+    let mut calls = 0;
+    let started = std::time::Instant::now();
+    let e = c
+        .finalize_watching(Box::new(move || {
+            calls += 1;
+            (calls == 2).then(|| crate::error::Error::PeerGone {
+                rank: 1,
+                world_rank: 1,
+                during: "finalizing".into(),
+                reason: "its process exited or was killed".into(),
+                pending: false,
+            })
+        }))
+        .err()
+        .unwrap();
+    assert!(matches!(e, crate::error::Error::PeerGone { world_rank: 1, .. }), "{e}");
+    assert!(started.elapsed() < Duration::from_secs(30), "the watch's error came after {:?}", started.elapsed());
+}

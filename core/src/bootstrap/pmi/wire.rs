@@ -136,6 +136,18 @@ impl Deadlined {
     pub(crate) fn new(stream: std::os::unix::net::UnixStream) -> Self {
         Self { stream, deadline: None }
     }
+
+    /// Whether something (data or the end of the stream) arrives within `limit`.
+    pub(crate) fn readable_within(&self, limit: std::time::Duration) -> io::Result<bool> {
+        use std::os::fd::AsFd;
+        self.stream.set_read_timeout(Some(limit))?;
+        // A peek that blocks for at most the socket's read timeout.
+        match rustix::net::recv(self.stream.as_fd(), &mut [0u8; 1], rustix::net::RecvFlags::PEEK) {
+            Ok(_) => Ok(true),
+            Err(rustix::io::Errno::AGAIN | rustix::io::Errno::INTR) => Ok(false),
+            Err(e) => Err(e.into()),
+        }
+    }
 }
 
 impl Read for Deadlined {
