@@ -100,6 +100,20 @@ fn hydra_pmi2_ranks_point_to_point_and_collectives() {
     identity_under_hydra("2", "PMI-2");
 }
 
+/// Hydra's `-pmi-port` hands out PMI_PORT, not PMI_FD: every rank refuses,
+/// naming it, instead of running as two worlds of one.
+#[test]
+#[ignore = "needs MPICH's mpiexec.hydra: scripts/test-all installs it and runs these"]
+fn hydra_pmi_port_without_a_socket_is_refused() {
+    let mut c = Command::new("timeout");
+    c.args(["120", "mpiexec.hydra", "-launcher", "fork", "-iface", "lo", "-pmi-port", "-n", "2", RANK, "identity"]);
+    c.env_remove("FMX_RENDEZVOUS").env_remove("PMI_FD").env_remove("FMX_PMI");
+    let o = c.output().expect("running mpiexec.hydra");
+    assert!(!o.status.success(), "two worlds of one ran:\n{}", text(&o));
+    assert_eq!(text(&o).matches("(Hydra's -pmi-port) but no PMI_FD").count(), 2, "{}", text(&o));
+    assert_eq!(count(&o, "OK identity"), 0, "{}", text(&o));
+}
+
 /// Ranks that finish seconds apart (3 s, with FMX_PMI_TIMEOUT=1): the
 /// finalize barrier waits for the last, over PMI-1 and PMI-2.
 #[test]
@@ -152,4 +166,15 @@ fn pmi_fd_that_is_not_open_or_not_a_number_is_named() {
     assert!(e.contains("PMI_FD=\"three\" is not a file descriptor number"), "{e}");
     let e = broken(&[("PMI_FD", "0"), ("FMX_PMI", "3")], Stdio::null());
     assert!(e.contains("FMX_PMI=\"3\": expected 1 (Hydra), 2 (Slurm) or auto"), "{e}");
+}
+
+/// A process started by a launcher fmx cannot use refuses at init, naming
+/// the launcher and the command that works (Open MPI's mpirun with PMIx;
+/// srun without PMI is run for real in scripts/slurm-test).
+#[test]
+fn launchers_fmx_cannot_use_are_refused_by_name() {
+    let e = broken(&[("OMPI_COMM_WORLD_SIZE", "4"), ("OMPI_COMM_WORLD_RANK", "2"), ("PMIX_RANK", "2")], Stdio::null());
+    assert!(e.contains("Open MPI's mpirun with 4 processes") && e.contains("no PMIx client"), "{e}");
+    let e = broken(&[("SLURM_STEP_NUM_TASKS", "4"), ("SLURM_NTASKS", "4"), ("SLURM_PROCID", "1")], Stdio::null());
+    assert!(e.contains("started by srun with 4 tasks but no PMI") && e.contains("srun --mpi=pmi2"), "{e}");
 }

@@ -3,10 +3,12 @@
 //!
 //! Backends, picked from the environment in this order: `fmxrun`
 //! (`FMX_RENDEZVOUS` set); a PMI process manager (`PMI_FD` set: Hydra's
-//! PMI-1, Slurm's PMI-2); otherwise a lone process is a world of one.
+//! PMI-1, Slurm's PMI-2); otherwise a lone process is a world of one,
+//! unless the environment shows a launcher fmx cannot use (`unclaimed`).
 
 mod fmxrun;
 mod pmi;
+mod unclaimed;
 pub(crate) mod wire;
 
 pub(crate) use fmxrun::Link;
@@ -39,6 +41,8 @@ impl Bootstrap {
             Ok(Self::Fmxrun(fmxrun::Client::connect_from_env()?))
         } else if std::env::var_os("PMI_FD").is_some() {
             Ok(Self::Pmi(pmi::Client::connect_from_env()?))
+        } else if let Some(why) = unclaimed::unusable_launcher(|k| std::env::var(k).ok()) {
+            Err(Error::Bootstrap(why))
         } else {
             Ok(Self::Single)
         }
