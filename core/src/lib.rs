@@ -98,7 +98,7 @@ use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-pub use bootstrap::{SpawnRequest, ENV_BOOT_TIMEOUT, ENV_LAUNCHER_PID, ENV_RECONFIG_REQUEST, ENV_RENDEZVOUS};
+pub use bootstrap::{SpawnRequest, UserBootstrap, ENV_BOOT_TIMEOUT, ENV_LAUNCHER_PID, ENV_RECONFIG_REQUEST, ENV_RENDEZVOUS};
 pub use select::{cleanup_job, job_file_globs};
 
 /// fmxrun's bootstrap protocol (frames, rounds, the failure notice), for the
@@ -145,10 +145,28 @@ pub fn init() -> Result<Fmx> {
 
 /// Starts fmx with options.
 pub fn init_with(opts: InitOptions) -> Result<Fmx> {
+    start(opts, init_inner)
+}
+
+/// Starts fmx inside a job that something else started (an MPI job, a
+/// scheduler's own wire-up), through the program's `bootstrap`: its rank,
+/// size and nodes, an allgather and a barrier (see [`UserBootstrap`]). No
+/// launcher is involved: spawning is refused, and a dead peer is found by
+/// the transport's liveness checks.
+pub fn init_with_bootstrap(bootstrap: Box<dyn UserBootstrap>, opts: InitOptions) -> Result<Fmx> {
+    start(opts, move || {
+        let boot = bootstrap::Bootstrap::user(bootstrap)?;
+        let local_ranks = Locality::from_nodes(&boot.nodes(), boot.rank()).local_size as usize;
+        let world = open_world(boot, local_ranks)?;
+        Ok(Fmx { world, parent_taken: Cell::new(false) })
+    })
+}
+
+fn start(opts: InitOptions, open: impl FnOnce() -> Result<Fmx>) -> Result<Fmx> {
     if INITIALIZED.swap(true, Ordering::SeqCst) {
         return Err(Error::AlreadyInitialized);
     }
-    let r = init_inner().and_then(|f| {
+    let r = open().and_then(|f| {
         if !opts.defer_join {
             f.wait_for_join(f.world.size())?;
             f.reallocate_credits()?;
@@ -266,7 +284,7 @@ impl Fmx {
     }
 
     /// The launcher that started this process: `fmxrun`, `PMI-1` (Hydra),
-    /// `PMI-2` (Slurm) or `single`.
+    /// `PMI-2` (Slurm), `program` (`init_with_bootstrap`) or `single`.
     pub fn launcher(&self) -> &'static str {
         self.world.sh.boot.borrow().name()
     }

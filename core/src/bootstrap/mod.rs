@@ -9,6 +9,7 @@
 mod fmxrun;
 mod pmi;
 mod unclaimed;
+mod user;
 pub(crate) mod wire;
 
 pub(crate) use fmxrun::Link;
@@ -21,6 +22,7 @@ pub const ENV_LAUNCHER_PID: &str = "FMX_LAUNCHER_PID";
 /// from (fmxrun relays SIGUSR1 as `+1` and SIGUSR2 as `-1` into it).
 pub const ENV_RECONFIG_REQUEST: &str = "FMX_RECONFIG_REQUEST";
 pub use pmi::SpawnRequest;
+pub use user::UserBootstrap;
 
 use crate::error::{Error, Result};
 
@@ -32,6 +34,8 @@ pub(crate) enum Bootstrap {
     Fmxrun(fmxrun::Client),
     /// Started by a PMI process manager (Hydra, Slurm).
     Pmi(pmi::Client),
+    /// The program's own bootstrap (`init_with_bootstrap`).
+    User(user::User),
 }
 
 impl Bootstrap {
@@ -48,11 +52,17 @@ impl Bootstrap {
         }
     }
 
+    /// The program's bootstrap, checked.
+    pub(crate) fn user(b: Box<dyn UserBootstrap>) -> Result<Self> {
+        Ok(Self::User(user::User::new(b)?))
+    }
+
     pub(crate) fn rank(&self) -> u32 {
         match self {
             Self::Single => 0,
             Self::Fmxrun(c) => c.rank,
             Self::Pmi(c) => c.rank,
+            Self::User(c) => c.rank,
         }
     }
 
@@ -61,6 +71,7 @@ impl Bootstrap {
             Self::Single => 1,
             Self::Fmxrun(c) => c.size,
             Self::Pmi(c) => c.size,
+            Self::User(c) => c.size,
         }
     }
 
@@ -70,6 +81,7 @@ impl Bootstrap {
             Self::Single => format!("single{}", std::process::id()),
             Self::Fmxrun(c) => c.job.clone(),
             Self::Pmi(c) => format!("pmi{}", c.job.replace(|ch: char| !ch.is_ascii_alphanumeric(), "_")),
+            Self::User(c) => format!("user{}", c.job),
         }
     }
 
@@ -84,6 +96,7 @@ impl Bootstrap {
             Self::Single => Ok(vec![blob.to_vec()]),
             Self::Fmxrun(c) => c.allgather(blob),
             Self::Pmi(c) => c.allgather(blob),
+            Self::User(c) => c.allgather(blob),
         }
     }
 
@@ -92,6 +105,7 @@ impl Bootstrap {
             Self::Single => Ok(()),
             Self::Fmxrun(c) => c.barrier(),
             Self::Pmi(c) => c.barrier(),
+            Self::User(c) => c.barrier(),
         }
     }
 
@@ -100,6 +114,7 @@ impl Bootstrap {
             Self::Single => Ok(()),
             Self::Fmxrun(c) => c.finalize(),
             Self::Pmi(c) => c.finalize(),
+            Self::User(c) => c.barrier(),
         }
     }
 
@@ -119,7 +134,7 @@ impl Bootstrap {
     pub(crate) fn link(&self) -> Option<std::rc::Rc<Link>> {
         match self {
             Self::Fmxrun(c) => Some(c.link()),
-            Self::Single | Self::Pmi(_) => None,
+            Self::Single | Self::Pmi(_) | Self::User(_) => None,
         }
     }
 
@@ -135,6 +150,7 @@ impl Bootstrap {
     pub(crate) fn nodes(&self) -> Vec<u32> {
         match self {
             Self::Pmi(c) => c.nodes.clone(),
+            Self::User(c) => c.nodes.clone(),
             Self::Single | Self::Fmxrun(_) => vec![0; self.size() as usize],
         }
     }
@@ -145,6 +161,7 @@ impl Bootstrap {
             Self::Single => "single",
             Self::Fmxrun(_) => "fmxrun",
             Self::Pmi(c) => c.version_name(),
+            Self::User(_) => "program",
         }
     }
 
@@ -158,6 +175,9 @@ impl Bootstrap {
         match self {
             Self::Pmi(c) => c.spawn(req),
             Self::Single => Err(Error::Launch("spawn: this process was started alone, with no process manager to ask".into())),
+            Self::User(_) => {
+                Err(Error::Launch("spawn: fmx was started through the program's bootstrap, which has no process manager to ask".into()))
+            }
             Self::Fmxrun(_) => Err(Error::Launch(
                 "spawn: under fmxrun a new world of this program comes from Fmx::spawn_world (connected by an intercommunicator); \
                  Fmx::spawn (any program, PMI values) needs Hydra (mpiexec)"
@@ -174,7 +194,7 @@ impl Bootstrap {
             Self::Single => Err(Error::Launch(
                 "spawn_world: this process was started alone; start it with fmxrun, which acts as the process manager".into(),
             )),
-            Self::Pmi(_) => Err(Error::Launch(format!(
+            Self::Pmi(_) | Self::User(_) => Err(Error::Launch(format!(
                 "spawn_world: {} started this process; only fmxrun can start a world connected to this one (use fmxrun -n N)",
                 self.name()
             ))),
@@ -190,7 +210,7 @@ impl Bootstrap {
     pub(crate) fn parent_value(&mut self, key: &str) -> Result<Option<String>> {
         match self {
             Self::Pmi(c) => c.parent_value(key),
-            Self::Single | Self::Fmxrun(_) => Ok(None),
+            Self::Single | Self::Fmxrun(_) | Self::User(_) => Ok(None),
         }
     }
 }
