@@ -163,9 +163,18 @@ impl Comm {
         self.members.get(r as usize).copied()
     }
 
-    /// Name of the transport under this communicator.
+    /// Name of the transport under this communicator (`shm+verbs`,
+    /// `shm+ofi` when peers on this node and on others use different ones).
     pub fn transport_name(&self) -> &'static str {
         self.sh.engine.borrow().tp.name()
+    }
+
+    /// The transport that carries messages to rank `r` of this communicator:
+    /// `shm` to a rank of this node and `verbs` or `ofi` to another node's
+    /// under a mixed transport; [`Comm::transport_name`] otherwise.
+    pub fn transport_of(&self, r: u32) -> Result<&'static str> {
+        let w = self.world_rank_of(r).ok_or_else(|| Error::InvalidRank { what: "transport_of", rank: i64::from(r), size: self.size() })?;
+        Ok(self.sh.engine.borrow().tp.name_of(w))
     }
 
     /// How messages above the eager limit move on this transport (for

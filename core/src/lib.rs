@@ -87,6 +87,8 @@ mod intercomm;
 mod join;
 mod locality;
 pub mod malleable;
+#[cfg_attr(not(any(feature = "verbs", feature = "ofi", test)), allow(dead_code))]
+mod mixed;
 mod registered;
 mod scope;
 mod select;

@@ -15,6 +15,7 @@ use fmx_verbs::{VerbsConfig, VerbsEndpoint, VerbsSetup};
 
 use crate::bootstrap::Bootstrap;
 use crate::error::{Error, Result};
+use crate::mixed::{Mixed, Side};
 
 /// The transports this build knows, by the names `FMX_TRANSPORT` and
 /// `fmxrun --transport` accept.
@@ -25,6 +26,10 @@ pub const TRANSPORT_NAMES: &[&str] = &[
     "verbs",
     #[cfg(feature = "ofi")]
     "ofi",
+    #[cfg(feature = "verbs")]
+    "shm+verbs",
+    #[cfg(feature = "ofi")]
+    "shm+ofi",
 ];
 
 /// Transports that reach other hosts, in the order `auto` prefers them.
@@ -47,9 +52,18 @@ pub(crate) enum Transport {
     /// libfabric RDM endpoints (tcp, shm, verbs;ofi_rxm, efa, ...).
     #[cfg(feature = "ofi")]
     Ofi(Box<OfiEndpoint>),
+    /// Shared memory on this node, verbs to the other nodes.
+    #[cfg(feature = "verbs")]
+    ShmVerbs(Box<Mixed<ShmEndpoint, VerbsEndpoint>>),
+    /// Shared memory on this node, libfabric to the other nodes.
+    #[cfg(feature = "ofi")]
+    ShmOfi(Box<Mixed<ShmEndpoint, OfiEndpoint>>),
     /// The engine's tests: a simulated fabric with a fault schedule.
     #[cfg(test)]
     Sim(Box<crate::engine::sim::SimEndpoint>),
+    /// The engine's tests: two simulated fabrics, one per node and one between nodes.
+    #[cfg(test)]
+    SimMix(Box<Mixed<crate::engine::sim::SimEndpoint, crate::engine::sim::SimEndpoint>>),
 }
 
 impl Transport {
@@ -62,8 +76,38 @@ impl Transport {
             Self::Verbs(_) => "verbs",
             #[cfg(feature = "ofi")]
             Self::Ofi(_) => "ofi",
+            #[cfg(feature = "verbs")]
+            Self::ShmVerbs(_) => "shm+verbs",
+            #[cfg(feature = "ofi")]
+            Self::ShmOfi(_) => "shm+ofi",
             #[cfg(test)]
             Self::Sim(_) => "sim",
+            #[cfg(test)]
+            Self::SimMix(_) => "sim+sim",
+        }
+    }
+
+    /// The transport that carries messages to world rank `peer`: the
+    /// transport's name, or for a mixed one the half that serves `peer`.
+    pub(crate) fn name_of(&self, peer: u32) -> &'static str {
+        #[cfg_attr(not(any(feature = "verbs", feature = "ofi", test)), allow(dead_code))]
+        fn half<L: Endpoint, N: Endpoint>(m: &Mixed<L, N>, peer: u32, local: &'static str, net: &'static str) -> &'static str {
+            match m.side(peer) {
+                Ok(Side::Local(_)) => local,
+                _ => net,
+            }
+        }
+        match self {
+            #[cfg(feature = "verbs")]
+            Self::ShmVerbs(m) => half(m, peer, "shm", "verbs"),
+            #[cfg(feature = "ofi")]
+            Self::ShmOfi(m) => half(m, peer, "shm", "ofi"),
+            #[cfg(test)]
+            Self::SimMix(m) => half(m, peer, "sim-local", "sim-net"),
+            _ => {
+                let _ = peer;
+                self.name()
+            }
         }
     }
 }
@@ -77,58 +121,132 @@ pub(crate) fn open(boot: &mut Bootstrap) -> Result<Transport> {
     if boot.size() == 1 {
         return Ok(Transport::Loopback(Loopback::new()));
     }
-    let nodes = boot.nodes();
+    let nodes = node_map(boot)?;
     let spread = nodes.iter().any(|&n| n != nodes[0]);
+    // auto: shared memory alone on one node; across nodes the first network
+    // transport, with shared memory beside it where a node runs several ranks.
     let choice = match NETWORK_TRANSPORTS.first() {
-        Some(net) if choice == "auto" && spread => (*net).to_string(),
+        Some(net) if choice == "auto" && spread => {
+            if distinct(&nodes) < nodes.len() {
+                format!("shm+{net}")
+            } else {
+                (*net).to_string()
+            }
+        }
         _ => choice,
     };
-    if spread && !NETWORK_TRANSPORTS.contains(&choice.as_str()) {
+    if spread && (choice == "shm" || choice == "auto") {
         let other = nodes.iter().position(|&n| n != nodes[0]).unwrap_or(0);
         return Err(Error::Bootstrap(format!(
             "the job spans {} nodes (rank 0 on node {}, rank {other} on node {}) but transport {choice:?} reaches only this host; \
-             build fmx with the `verbs` or `ofi` feature and use FMX_TRANSPORT=verbs, ofi or auto",
+             build fmx with the `verbs` or `ofi` feature and use FMX_TRANSPORT=verbs, ofi, shm+verbs, shm+ofi or auto",
             distinct(&nodes),
             nodes[0],
             nodes[other]
         )));
     }
+    let rank = boot.rank();
+    let node = nodes[rank as usize];
+    // This node's ranks, in world order: the world of its shared-memory endpoint.
+    let mine: Vec<u32> = (0..boot.size()).filter(|&r| nodes[r as usize] == node).collect();
+    let job = boot.job_id();
     #[cfg(feature = "verbs")]
     if choice == "verbs" {
-        let setup = VerbsSetup::create(VerbsConfig::from_env(boot.rank(), boot.size())?)?;
-        let addresses = boot.allgather(&setup.address())?;
-        let ep = setup.connect(&addresses)?;
-        // Every queue pair is ready to receive before anyone sends.
-        boot.barrier()?;
-        return Ok(Transport::Verbs(Box::new(ep)));
+        return Ok(Transport::Verbs(open_verbs(boot)?));
+    }
+    #[cfg(feature = "verbs")]
+    if choice == "shm+verbs" {
+        let shm = open_shm(boot, &mine, &job)?;
+        let net = open_verbs(boot)?;
+        return Ok(Transport::ShmVerbs(Box::new(Mixed::new(shm, *net, &mine)?)));
     }
     #[cfg(feature = "ofi")]
     if choice == "ofi" {
-        let cfg = OfiConfig { job: Some(boot.job_id()), ..OfiConfig::from_env(boot.rank(), boot.size())? };
-        let setup = OfiSetup::create(cfg)?;
-        let addresses = boot.allgather(&setup.address()?)?;
-        let ep = setup.connect(&addresses)?;
-        // Every address vector is filled and every receive slot posted before anyone sends.
-        boot.barrier()?;
-        return Ok(Transport::Ofi(Box::new(ep)));
+        return Ok(Transport::Ofi(open_ofi(boot)?));
     }
+    #[cfg(feature = "ofi")]
+    if choice == "shm+ofi" {
+        let shm = open_shm(boot, &mine, &job)?;
+        let net = open_ofi(boot)?;
+        return Ok(Transport::ShmOfi(Box::new(Mixed::new(shm, *net, &mine)?)));
+    }
+    let _ = mine;
     // Every rank is on this host: shared memory.
-    let cfg = ShmConfig::from_env(&boot.job_id(), boot.rank(), boot.size())?;
-    let own_file = fmx_shm::segment_path(&cfg.dir, &cfg.job, cfg.rank);
+    let all: Vec<u32> = (0..boot.size()).collect();
+    Ok(Transport::Shm(open_shm(boot, &all, &job)?))
+}
+
+/// Which ranks share a host. The launcher's node map, refined, where a
+/// network transport is built, by every rank's host identity (boot id, PID
+/// namespace, host name): fmxrun and a program's bootstrap see one host,
+/// and ranks on other machines (or in other PID or UTS namespaces) are
+/// other nodes.
+fn node_map(boot: &mut Bootstrap) -> Result<Vec<u32>> {
+    let launcher = boot.nodes();
+    if NETWORK_TRANSPORTS.is_empty() {
+        return Ok(launcher);
+    }
+    // Boot id and PID namespace (what pidfds and cross-memory attach need),
+    // and the host name, which tells machines apart where containers share a kernel.
+    let mut me = fmx_transport::liveness::host_identity().to_vec();
+    me.extend_from_slice(rustix::system::uname().nodename().to_bytes());
+    let ids = boot.allgather(&me)?;
+    let mut seen: Vec<(u32, &[u8])> = Vec::new();
+    Ok(launcher
+        .iter()
+        .zip(&ids)
+        .map(|(&n, id)| match seen.iter().position(|&(m, i)| m == n && i == &id[..]) {
+            Some(k) => k as u32,
+            None => {
+                seen.push((n, id));
+                (seen.len() - 1) as u32
+            }
+        })
+        .collect())
+}
+
+/// Shared memory among the world ranks `ranks` (ours among them), as a world
+/// of their own: its files are named after `job`.
+fn open_shm(boot: &mut Bootstrap, ranks: &[u32], job: &str) -> Result<ShmEndpoint> {
+    let me = ranks.iter().position(|&r| r == boot.rank()).ok_or_else(|| Error::Bootstrap("this rank is not on its own node".into()))?;
+    let cfg = ShmConfig { file_ids: ranks.to_vec(), ..ShmConfig::from_env(job, me as u32, ranks.len() as u32)? };
+    let own_file = cfg.segment_file(cfg.rank);
     let setup = ShmSetup::create(cfg)?;
     let connected = (|| {
-        let addresses = boot.allgather(&setup.address())?;
+        let all = boot.allgather(&setup.address())?;
+        let addresses: Vec<Vec<u8>> = ranks.iter().map(|&r| all[r as usize].clone()).collect();
         let mut ep = setup.connect(&addresses)?;
         // Everyone has mapped everyone's segment: the files can go.
         boot.barrier()?;
         ep.unlink();
-        Ok(Transport::Shm(ep))
+        Ok(ep)
     })();
     if connected.is_err() {
         // A launcher other than fmxrun will not sweep /dev/shm after us.
         let _ = std::fs::remove_file(&own_file);
     }
     connected
+}
+
+#[cfg(feature = "verbs")]
+fn open_verbs(boot: &mut Bootstrap) -> Result<Box<VerbsEndpoint>> {
+    let setup = VerbsSetup::create(VerbsConfig::from_env(boot.rank(), boot.size())?)?;
+    let addresses = boot.allgather(&setup.address())?;
+    let ep = setup.connect(&addresses)?;
+    // Every queue pair is ready to receive before anyone sends.
+    boot.barrier()?;
+    Ok(Box::new(ep))
+}
+
+#[cfg(feature = "ofi")]
+fn open_ofi(boot: &mut Bootstrap) -> Result<Box<OfiEndpoint>> {
+    let cfg = OfiConfig { job: Some(boot.job_id()), ..OfiConfig::from_env(boot.rank(), boot.size())? };
+    let setup = OfiSetup::create(cfg)?;
+    let addresses = boot.allgather(&setup.address()?)?;
+    let ep = setup.connect(&addresses)?;
+    // Every address vector is filled and every receive slot posted before anyone sends.
+    boot.barrier()?;
+    Ok(Box::new(ep))
 }
 
 fn distinct(nodes: &[u32]) -> usize {
@@ -169,8 +287,14 @@ macro_rules! dispatch {
             Transport::Verbs($ep) => $e,
             #[cfg(feature = "ofi")]
             Transport::Ofi($ep) => $e,
+            #[cfg(feature = "verbs")]
+            Transport::ShmVerbs($ep) => $e,
+            #[cfg(feature = "ofi")]
+            Transport::ShmOfi($ep) => $e,
             #[cfg(test)]
             Transport::Sim($ep) => $e,
+            #[cfg(test)]
+            Transport::SimMix($ep) => $e,
         }
     };
 }
@@ -208,6 +332,16 @@ impl Endpoint for Transport {
     unsafe fn expose_mut(&mut self, buf: &mut [u8]) -> Result<RemoteKey, TransportError> {
         // SAFETY: the caller's promise (see the trait) is passed on unchanged.
         dispatch!(self, ep => unsafe { ep.expose_mut(buf) })
+    }
+    #[allow(unsafe_code)]
+    unsafe fn expose_to(&mut self, peer: PeerId, buf: &[u8]) -> Result<RemoteKey, TransportError> {
+        // SAFETY: the caller's promise (see the trait) is passed on unchanged.
+        dispatch!(self, ep => unsafe { ep.expose_to(peer, buf) })
+    }
+    #[allow(unsafe_code)]
+    unsafe fn expose_mut_to(&mut self, peer: PeerId, buf: &mut [u8]) -> Result<RemoteKey, TransportError> {
+        // SAFETY: the caller's promise (see the trait) is passed on unchanged.
+        dispatch!(self, ep => unsafe { ep.expose_mut_to(peer, buf) })
     }
     fn revoke(&mut self, key: &RemoteKey) {
         dispatch!(self, ep => ep.revoke(key));
@@ -254,6 +388,9 @@ impl Endpoint for Transport {
     }
     fn split_rendezvous(&self) -> bool {
         dispatch!(self, ep => ep.split_rendezvous())
+    }
+    fn split_rendezvous_to(&self, peer: PeerId) -> bool {
+        dispatch!(self, ep => ep.split_rendezvous_to(peer))
     }
     fn register_owned(&mut self, region: &[u8]) -> Result<(), TransportError> {
         dispatch!(self, ep => ep.register_owned(region))

@@ -67,6 +67,8 @@ fn run_rank(p: &Params) -> Result<(), String> {
             print!("{}", report::json(p.test, tp, &rows));
         } else {
             print!("{}", report::osu_header(p.test, tp));
+            // Under shm+verbs or shm+ofi, which half carries this pair.
+            println!("# rank 0 to rank 1: {}", world.transport_of(1).map_err(|e| e.to_string())?);
             println!("# large messages: {}", world.large_message_path());
             // Like perftest (and OSU under an MPI registration cache), buffers are registered once.
             println!(

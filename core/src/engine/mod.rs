@@ -205,7 +205,7 @@ impl Engine {
             // end before this request is finished or withdrawn (scopes complete or
             // discard every request; a blocking send waits), and both paths revoke
             // the key first: the FIN (the peer is done) or `withdraw`.
-            let key = unsafe { self.tp.expose(data)? };
+            let key = unsafe { self.tp.expose_to(dest, data)? };
             if let Some(r) = self.reqs.get_mut(req) {
                 r.exposed = Some(key);
                 r.buf = Some(buf);
@@ -402,7 +402,10 @@ impl Engine {
         match r {
             Ok(()) if op.part => self.reqs.part_done(op.req, op.status),
             Ok(()) => self.reqs.complete(op.req, op.status),
-            Err(e) => self.reqs.fail(op.req, e.into()),
+            Err(e) => {
+                let e = self.because_gone(op.peer, op.req, e);
+                self.reqs.fail(op.req, e);
+            }
         }
         self.send_fin(op.peer, op.fin)
     }
@@ -429,7 +432,7 @@ impl Engine {
                     return self.send_fin(peer, fin);
                 };
                 let status = RawStatus { src: peer, tag, sent: key.len, capacity: dst.len() as u64 };
-                let split = key.len >= SPLIT_MIN && dst.len() as u64 >= key.len && self.tp.split_rendezvous();
+                let split = key.len >= SPLIT_MIN && dst.len() as u64 >= key.len && self.tp.split_rendezvous_to(peer);
                 let n = dst.len().min(key.len as usize);
                 let mine = if split {
                     // Expose our buffer; the sender writes the second half while we read the first.
@@ -439,7 +442,7 @@ impl Engine {
                     // exposure, its lend scope outlives the request, which the
                     // peer's FIN or `withdraw` revokes the key of first, and the
                     // engine touches `dst` only through the read below meanwhile.
-                    let rkey = unsafe { self.tp.expose_mut(&mut dst[..n])? };
+                    let rkey = unsafe { self.tp.expose_mut_to(peer, &mut dst[..n])? };
                     if let Some(r) = self.reqs.get_mut(req) {
                         r.exposed = Some(rkey);
                         r.parts_left = 2;
@@ -661,6 +664,28 @@ impl Engine {
         Some(peer_gone(peer, what, state, false))
     }
 
+    /// A one-sided operation's failure as the request reports it: when its
+    /// peer is gone (the device's error is the consequence: a reset
+    /// connection, a flushed queue), an error that names the peer as gone,
+    /// whichever of the two the transport saw first.
+    fn because_gone(&mut self, peer: u32, req: ReqId, e: TransportError) -> Error {
+        if matches!(e, TransportError::PeerGone { .. }) {
+            return e.into();
+        }
+        match self.gone(peer) {
+            Some(state) => {
+                let what = self.reqs.get(req).map_or("a one-sided operation", |r| r.what);
+                match peer_gone(peer, what, state, false) {
+                    Error::PeerGone { rank, world_rank, during, reason, pending } => {
+                        Error::PeerGone { rank, world_rank, during, reason: format!("{reason} ({e})"), pending }
+                    }
+                    other => other,
+                }
+            }
+            None => e.into(),
+        }
+    }
+
     /// The first peer whose process is gone without finalizing, as the error of `during`.
     pub(crate) fn dead_peer(&mut self, during: &str) -> Option<Error> {
         let me = self.me;
@@ -752,7 +777,7 @@ impl Engine {
             // SAFETY: the vector moves into the request below, and its heap buffer
             // does not move with it; the request drops it only when the receiver's
             // FIN says it read everything, or after `withdraw` revoked the key.
-            let key = unsafe { self.tp.expose(&data)? };
+            let key = unsafe { self.tp.expose_to(dest, &data)? };
             let len = data.len() as u64;
             let req = self.reqs.insert(WaitsOn::Peer(dest), "sending an active message");
             if let Some(r) = self.reqs.get_mut(req) {

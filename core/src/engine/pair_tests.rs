@@ -14,6 +14,7 @@ use fmx_transport::TransportError;
 use super::sim::{Faults, SimNet, Tally};
 use super::{Engine, RawStatus, ReqId, WaitsOn, SPLIT_MIN};
 use crate::error::Error;
+use crate::mixed::Mixed;
 use crate::select::Transport;
 
 const CTX: u32 = 7;
@@ -67,10 +68,11 @@ fn pattern(tag: u32, len: usize) -> Box<[u8]> {
     (0..len).map(|i| (i as u32).wrapping_mul(31).wrapping_add(tag) as u8).collect()
 }
 
-fn faults_for(seed: u64) -> (u32, Faults) {
+fn faults_for(seed: u64, mixed: bool) -> (u32, Faults) {
     let pick =
         SimNet::new(1, Faults { seed, slots: 1, max_hold: 0, max_op_polls: 0, death: None, stuck_ops: false, split: false, max_eager: 0 });
-    let size = 2 + pick.below(2) as u32;
+    // Mixed runs: 3 or 4 ranks on two nodes, so that some pairs share a node.
+    let size = if mixed { 3 } else { 2 } + pick.below(2) as u32;
     // A third of the seeds kill a rank: half at a random step, half in the
     // middle of a one-sided operation with it.
     let death = (pick.below(3) == 0).then(|| (pick.below(u64::from(size)) as u32, pick.below(2) * (1 + pick.below(60))));
@@ -88,7 +90,7 @@ fn faults_for(seed: u64) -> (u32, Faults) {
     (size, faults)
 }
 
-fn workload(net: &SimNet, size: u32) -> Vec<Transfer> {
+fn workload(net: &Fabric, size: u32) -> Vec<Transfer> {
     let lens = [0, 1, MAX_EAGER - 1, MAX_EAGER, MAX_EAGER + 1, 4096, SPLIT_MIN as usize - 1, SPLIT_MIN as usize, 300_001];
     let count = 4 + net.below(10) as usize;
     (0..count)
@@ -120,8 +122,82 @@ fn names(e: &Error, dead: u32) -> bool {
     }
 }
 
+/// The simulated fabrics of a run: one between all ranks, and in a mixed
+/// run one per node (ranks alternate between two nodes), each rank's
+/// endpoint then being a [`Mixed`] of its node's and the one between nodes.
+struct Fabric {
+    main: SimNet,
+    nodes: Vec<SimNet>,
+    /// Each rank's node and index there (mixed runs).
+    node_of: Vec<(usize, u32)>,
+}
+
+impl Fabric {
+    fn new(size: u32, faults: &Faults, mixed: bool) -> Self {
+        let main = SimNet::new(size, faults.clone());
+        if !mixed {
+            return Self { main, nodes: Vec::new(), node_of: Vec::new() };
+        }
+        let members = |n: u32| (0..size).filter(move |r| r % 2 == n);
+        // Within a node: the schedule's delays and credits, no death of its own.
+        let nodes = (0..2u32)
+            .map(|n| {
+                SimNet::new(
+                    members(n).count() as u32,
+                    Faults { seed: faults.seed ^ (0xA5A5 + u64::from(n)), death: None, ..faults.clone() },
+                )
+            })
+            .collect();
+        let node_of = (0..size).map(|r| ((r % 2) as usize, r / 2)).collect();
+        Self { main, nodes, node_of }
+    }
+
+    fn transport(&self, rank: u32) -> Transport {
+        if self.nodes.is_empty() {
+            return Transport::Sim(Box::new(self.main.endpoint(rank)));
+        }
+        let (node, local) = self.node_of[rank as usize];
+        let members: Vec<u32> = (0..self.node_of.len() as u32).filter(|&r| self.node_of[r as usize].0 == node).collect();
+        let m = Mixed::new(self.nodes[node].endpoint(local), self.main.endpoint(rank), &members).expect("a consistent node map");
+        Transport::SimMix(Box::new(m))
+    }
+
+    fn below(&self, n: u64) -> u64 {
+        self.main.below(n)
+    }
+
+    /// One step of every fabric; a rank that dies dies on its node too.
+    fn step(&self) -> Option<u32> {
+        for n in &self.nodes {
+            n.step();
+        }
+        let d = self.main.step()?;
+        if let Some(&(node, local)) = self.node_of.get(d as usize) {
+            self.nodes[node].kill(local);
+        }
+        Some(d)
+    }
+
+    fn busy(&self, addr: usize, len: usize) -> Option<String> {
+        std::iter::once(&self.main).chain(&self.nodes).find_map(|n| n.busy(addr, len))
+    }
+
+    fn leftovers(&self) -> Vec<String> {
+        std::iter::once(&self.main).chain(&self.nodes).flat_map(SimNet::leftovers).collect()
+    }
+
+    fn tally(&self) -> Tally {
+        let mut t = self.main.tally();
+        for n in &self.nodes {
+            // A death is the main fabric's; a node only follows it.
+            t.add(&Tally { deaths: 0, ..n.tally() });
+        }
+        t
+    }
+}
+
 /// Gives a side's buffer back, after checking that nothing can touch it any more.
-fn give_back(net: &SimNet, lend: &mut LendTable, side: &mut Side, what: &str) -> Result<(), String> {
+fn give_back(net: &Fabric, lend: &mut LendTable, side: &mut Side, what: &str) -> Result<(), String> {
     if let Some(l) = side.lent.take() {
         lend.retire(l);
     }
@@ -132,7 +208,7 @@ fn give_back(net: &SimNet, lend: &mut LendTable, side: &mut Side, what: &str) ->
 }
 
 struct Sim {
-    net: SimNet,
+    net: Fabric,
     ranks: Vec<Rank>,
     transfers: Vec<Transfer>,
     dead: Option<u32>,
@@ -143,14 +219,12 @@ struct Sim {
 }
 
 impl Sim {
-    fn new(seed: u64) -> Self {
-        let (size, faults) = faults_for(seed);
-        let net = SimNet::new(size, faults);
+    fn new(seed: u64, mixed: bool) -> Self {
+        let (size, faults) = faults_for(seed, mixed);
+        let net = Fabric::new(size, &faults, mixed);
         let transfers = workload(&net, size);
         let cancel_at = (net.below(3) == 0).then(|| net.below(60));
-        let ranks = (0..size)
-            .map(|r| Rank { eng: Engine::new(Transport::Sim(Box::new(net.endpoint(r))), false, None), lend: LendTable::new() })
-            .collect();
+        let ranks = (0..size).map(|r| Rank { eng: Engine::new(net.transport(r), false, None), lend: LendTable::new() }).collect();
         Self { net, ranks, transfers, dead: None, cancel_at, progress_errors: Vec::new() }
     }
 
@@ -382,31 +456,34 @@ impl Sim {
     }
 }
 
-fn run_seed(seed: u64, tally: &mut Tally) -> Result<(), String> {
-    let mut sim = Sim::new(seed);
+fn run_seed(seed: u64, mixed: bool, tally: &mut Tally) -> Result<(), String> {
+    let mut sim = Sim::new(seed, mixed);
     let r = sim.run();
     tally.add(&sim.net.tally());
     r.map_err(|e| {
-        let (size, faults) = faults_for(seed);
+        let (size, faults) = faults_for(seed, mixed);
         format!(
-            "seed {seed} ({size} ranks, {faults:?}; {:?}): {e}\nreplay: FMX_SIM_SEED={seed} cargo test -p fmx rendezvous_pair",
-            sim.net.tally()
+            "seed {seed} ({size} ranks{}, {faults:?}; {:?}): {e}\nreplay: FMX_SIM_SEED={seed} cargo test -p fmx {}",
+            if mixed { " on two nodes" } else { "" },
+            sim.net.tally(),
+            if mixed { "rendezvous_over_a_mixed" } else { "rendezvous_pair" }
         )
     })
 }
 
-#[test]
-fn rendezvous_pair_under_faults() {
+/// Runs the seeds (`FMX_SIM_SEED`, or `FMX_SIM_SEEDS` of them, default
+/// `default`) and requires every fault of the schedule to have happened.
+fn run_seeds(mixed: bool, default: u64) {
     let seeds: Vec<u64> = match std::env::var("FMX_SIM_SEED") {
         Ok(s) => vec![s.parse().expect("FMX_SIM_SEED is a number")],
         Err(_) => {
-            let n = std::env::var("FMX_SIM_SEEDS").ok().and_then(|s| s.parse().ok()).unwrap_or(400u64);
+            let n = std::env::var("FMX_SIM_SEEDS").ok().and_then(|s| s.parse().ok()).unwrap_or(default);
             (0..n).collect()
         }
     };
     let mut tally = Tally::default();
-    let failures: Vec<String> = seeds.iter().filter_map(|&s| run_seed(s, &mut tally).err()).collect();
-    println!("{} seeds: {tally:?}", seeds.len());
+    let failures: Vec<String> = seeds.iter().filter_map(|&s| run_seed(s, mixed, &mut tally).err()).collect();
+    println!("{} seeds{}: {tally:?}", seeds.len(), if mixed { " (mixed)" } else { "" });
     if std::env::var_os("FMX_SIM_VERBOSE").is_some() {
         failures.iter().for_each(|f| eprintln!("{f}"));
     }
@@ -428,4 +505,17 @@ fn rendezvous_pair_under_faults() {
         let never: Vec<&str> = met.iter().filter(|(_, n)| *n == 0).map(|(what, _)| *what).collect();
         assert!(never.is_empty(), "the schedule never produced: {}", never.join(", "));
     }
+}
+
+#[test]
+fn rendezvous_pair_under_faults() {
+    run_seeds(false, 400);
+}
+
+/// The same over a mixed transport: each rank's endpoint is a node's fabric
+/// for the ranks of its node and the fabric between nodes for the others
+/// (ranks alternate between two nodes), as shm+verbs and shm+ofi are built.
+#[test]
+fn rendezvous_over_a_mixed_transport_under_faults() {
+    run_seeds(true, 300);
 }

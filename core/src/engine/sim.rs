@@ -205,6 +205,15 @@ impl SimNet {
         if !now {
             return None;
         }
+        drop(n);
+        self.kill(rank);
+        Some(rank)
+    }
+
+    /// Kills `rank` now: its links drop what it had in flight from some
+    /// message on, what was sent to it is gone, its exposed memory vanishes.
+    pub(crate) fn kill(&self, rank: PeerId) {
+        let mut n = self.net();
         n.dead[rank as usize] = true;
         n.tally.deaths += 1;
         // What it sent is lost from some message on; what was sent to it is gone.
@@ -218,7 +227,6 @@ impl SimNet {
         }
         n.exposures.retain(|_, x| x.owner != rank);
         n.ops.retain(|op| op.owner != rank);
-        Some(rank)
     }
 
     pub(crate) fn is_dead(&self, rank: PeerId) -> bool {

@@ -173,6 +173,28 @@ pub trait Endpoint: Send {
     /// until the revoke: a peer writes into it.
     unsafe fn expose_mut(&mut self, buf: &mut [u8]) -> Result<RemoteKey, TransportError>;
 
+    /// [`Endpoint::expose`] for a key that `peer` will use: a transport that
+    /// reaches peers through different endpoints exposes through the one
+    /// that serves `peer`. The same as `expose` elsewhere.
+    ///
+    /// # Safety
+    /// As [`Endpoint::expose`].
+    unsafe fn expose_to(&mut self, peer: PeerId, buf: &[u8]) -> Result<RemoteKey, TransportError> {
+        let _ = peer;
+        // SAFETY: the caller's promise is `expose`'s.
+        unsafe { self.expose(buf) }
+    }
+
+    /// [`Endpoint::expose_mut`] for a key that `peer` will use (see [`Endpoint::expose_to`]).
+    ///
+    /// # Safety
+    /// As [`Endpoint::expose_mut`].
+    unsafe fn expose_mut_to(&mut self, peer: PeerId, buf: &mut [u8]) -> Result<RemoteKey, TransportError> {
+        let _ = peer;
+        // SAFETY: the caller's promise is `expose_mut`'s.
+        unsafe { self.expose_mut(buf) }
+    }
+
     /// Ends remote access through `key`.
     fn revoke(&mut self, key: &RemoteKey);
 
@@ -258,6 +280,13 @@ pub trait Endpoint: Send {
     /// directions of a link); not where both queue on one byte stream (tcp).
     fn split_rendezvous(&self) -> bool {
         true
+    }
+
+    /// [`Endpoint::split_rendezvous`] toward `peer` (a transport that reaches
+    /// peers through different endpoints answers for the one serving `peer`).
+    fn split_rendezvous_to(&self, peer: PeerId) -> bool {
+        let _ = peer;
+        self.split_rendezvous()
     }
 
     /// How messages above the eager limit move, in words (benchmarks print it).

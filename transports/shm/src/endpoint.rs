@@ -43,6 +43,10 @@ pub struct ShmConfig {
     /// Try cross-memory attach for large messages (`FMX_SHM_CMA=0`: never,
     /// copy through the segments as where the kernel refuses it).
     pub cma: bool,
+    /// The number in each rank's segment file name, by index: the index
+    /// itself, or, when this endpoint serves one node of a larger job, the
+    /// rank in that job (so that nodes sharing a `/dev/shm` never collide).
+    pub file_ids: Vec<u32>,
 }
 
 impl ShmConfig {
@@ -65,7 +69,13 @@ impl ShmConfig {
             threshold: num("FMX_CREDIT_THRESHOLD", limits::CREDIT_THRESHOLD)?.map(|n| n as u32),
             dir: shm_dir(),
             cma: fmx_transport::settings::env_number("FMX_SHM_CMA")?.is_none_or(|v| v != 0),
+            file_ids: (0..size).collect(),
         })
+    }
+
+    /// The path of index `r`'s segment file.
+    pub fn segment_file(&self, r: u32) -> PathBuf {
+        segment_path(&self.dir, &self.job, self.file_ids.get(r as usize).copied().unwrap_or(r))
     }
 
     fn layout(&self) -> Layout {
@@ -92,8 +102,13 @@ impl ShmSetup {
         validate_job_id(&cfg.job)?;
         cma::allow_peers();
         let credit = cfg.credits()?;
-        let path = segment_path(&cfg.dir, &cfg.job, cfg.rank);
-        let own = Segment::create(path, cfg.rank, cfg.layout())?;
+        if cfg.file_ids.len() != cfg.size as usize {
+            return Err(TransportError::Setup {
+                what: format!("shm got file ids for {} ranks in a world of {}", cfg.file_ids.len(), cfg.size),
+                source: std::io::Error::from(std::io::ErrorKind::InvalidInput),
+            });
+        }
+        let own = Segment::create(cfg.segment_file(cfg.rank), cfg.rank, cfg.layout())?;
         Ok(Self { cfg, credit, own })
     }
 
@@ -132,7 +147,7 @@ impl ShmSetup {
             if r == me {
                 peers.push(None);
             } else {
-                let seg = Segment::open(segment_path(&cfg.dir, &cfg.job, r), r, layout)?;
+                let seg = Segment::open(cfg.segment_file(r), r, layout)?;
                 if seg.owner_pid() != pid {
                     return Err(TransportError::Setup {
                         what: format!("rank {r}'s segment is owned by pid {} but rank {r} announced pid {pid}", seg.owner_pid()),
@@ -691,8 +706,18 @@ mod tests {
     fn pair_with(job: &str, pool: u32, newcomer: u32, cma: bool) -> (ShmEndpoint, ShmEndpoint, PathBuf) {
         let dir = std::env::temp_dir().join(format!("fmx-shm-test-{job}-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
-        let cfg =
-            |rank| ShmConfig { job: job.into(), rank, size: 2, pool, slot_bytes: 256, newcomer, threshold: Some(1), dir: dir.clone(), cma };
+        let cfg = |rank| ShmConfig {
+            job: job.into(),
+            rank,
+            size: 2,
+            pool,
+            slot_bytes: 256,
+            newcomer,
+            threshold: Some(1),
+            dir: dir.clone(),
+            cma,
+            file_ids: vec![0, 1],
+        };
         let a = ShmSetup::create(cfg(0)).unwrap();
         let b = ShmSetup::create(cfg(1)).unwrap();
         let addrs = vec![a.address(), b.address()];

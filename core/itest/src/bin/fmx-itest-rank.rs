@@ -20,6 +20,44 @@ fn announce(fmx: &fmx::Fmx) {
     println!("TRANSPORT {}", fmx.world().transport_name());
 }
 
+/// Which transport carries each peer's messages. Under a mixed transport
+/// with `FMX_ITEST_NODES=parity` (the two-namespace test puts odd ranks on
+/// the other "node"), peers of our parity go over shared memory and the
+/// others over the network; otherwise every peer uses the one transport.
+fn routes(w: &Comm) -> R {
+    let me = w.rank();
+    let name = w.transport_name();
+    let parity = std::env::var("FMX_ITEST_NODES").is_ok_and(|v| v == "parity");
+    let mut seen = Vec::new();
+    for r in 0..w.size() {
+        let got = w.transport_of(r).map_err(e2s)?;
+        let want = match name.split_once('+') {
+            Some((local, net)) if parity => {
+                if r % 2 == me % 2 {
+                    local
+                } else {
+                    net
+                }
+            }
+            Some((local, _)) => local,
+            None => name,
+        };
+        check!(got == want, "rank {r} goes over {got}, expected {want} (transport {name})");
+        seen.push(got);
+    }
+    check!(w.transport_of(w.size()).is_err(), "transport_of({}) is not an error", w.size());
+    println!("ROUTES {}", seen.join(","));
+    // Traffic both ways on every route: a ring of 8 B and 1 MiB.
+    let n = w.size();
+    for len in [8usize, 1 << 20] {
+        let out = vec![me as u8; len];
+        let mut got = vec![0u8; len];
+        w.sendrecv(&out, (me + 1) % n, 3, &mut got, (me + n - 1) % n, 3).map_err(e2s)?;
+        check!(got.iter().all(|&b| b == ((me + n - 1) % n) as u8), "{len} B from the left differ");
+    }
+    Ok(())
+}
+
 /// A registered buffer sent 100 times is registered once; a plain slice that
 /// is freed and whose address is reused with other contents delivers the new
 /// contents every time (no stale registration can exist).
@@ -126,6 +164,7 @@ fn main() {
         "ring" => ring(w),
         "stress" => stress(w, false),
         "stress-sizes" => stress(w, true),
+        "routes" => routes(w),
         // The last rank finishes 3 s after the others (more than FMX_PMI_TIMEOUT in the test).
         "late-finalize" => {
             if w.rank() + 1 == w.size() {
