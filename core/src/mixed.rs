@@ -16,6 +16,13 @@ use fmx_transport::{
 
 /// Operation ids of the network endpoint carry this bit (the local one's never do).
 const NET_OP: u64 = 1 << 63;
+/// After network traffic (a message in or out, a one-sided operation), the
+/// network is polled on every poll for this many polls...
+const HOT_POLLS: u32 = 4096;
+/// ...and while it is quiet, on one poll in this many: polling a network
+/// provider costs microseconds (libfabric's tcp progress makes system
+/// calls), which would multiply this node's shared-memory latency.
+const QUIET_EVERY: u32 = 256;
 
 /// Which endpoint serves a peer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -37,6 +44,10 @@ pub(crate) struct Mixed<L, N> {
     /// Live exposures by key, and how many each endpoint made (a local and a
     /// network key could coincide).
     exposed: HashMap<(u64, u64, u64), (u32, u32)>,
+    /// Polls left that poll the network every time (see `HOT_POLLS`).
+    net_hot: u32,
+    /// Quiet polls so far (see `QUIET_EVERY`).
+    quiet: u32,
 }
 
 impl<L: Endpoint, N: Endpoint> Mixed<L, N> {
@@ -58,7 +69,7 @@ impl<L: Endpoint, N: Endpoint> Mixed<L, N> {
         for (i, &w) in node.iter().enumerate() {
             *to_local.get_mut(w as usize).ok_or_else(|| TransportError::NoSuchPeer { peer: w, size })? = Some(i as PeerId);
         }
-        Ok(Self { local, net, me, size, to_local, to_world: node.to_vec(), exposed: HashMap::new() })
+        Ok(Self { local, net, me, size, to_local, to_world: node.to_vec(), exposed: HashMap::new(), net_hot: HOT_POLLS, quiet: 0 })
     }
 
     /// The endpoint serving `peer`.
@@ -114,7 +125,10 @@ impl<L: Endpoint, N: Endpoint> Endpoint for Mixed<L, N> {
     fn try_send(&mut self, peer: PeerId, header: &MsgHeader, payload: &[u8]) -> Result<SendOutcome, TransportError> {
         match self.side(peer)? {
             Side::Local(l) => self.local.try_send(l, header, payload).map_err(|e| self.world_error(e)),
-            Side::Net => self.net.try_send(peer, header, payload),
+            Side::Net => {
+                self.net_hot = HOT_POLLS;
+                self.net.try_send(peer, header, payload)
+            }
         }
     }
 
@@ -139,7 +153,19 @@ impl<L: Endpoint, N: Endpoint> Endpoint for Mixed<L, N> {
         if n >= max {
             return Ok(n);
         }
-        Ok(n + self.net.poll(max - n, sink)?)
+        if self.net_hot > 0 {
+            self.net_hot -= 1;
+        } else {
+            self.quiet = self.quiet.wrapping_add(1);
+            if self.quiet % QUIET_EVERY != 0 {
+                return Ok(n);
+            }
+        }
+        let m = self.net.poll(max - n, sink)?;
+        if m > 0 {
+            self.net_hot = HOT_POLLS;
+        }
+        Ok(n + m)
     }
 
     #[allow(unsafe_code)]
@@ -162,9 +188,10 @@ impl<L: Endpoint, N: Endpoint> Endpoint for Mixed<L, N> {
     #[allow(unsafe_code)]
     unsafe fn expose_to(&mut self, peer: PeerId, buf: &[u8]) -> Result<RemoteKey, TransportError> {
         let side = self.side(peer)?;
-        // SAFETY: the caller's promise (see the trait) is passed on unchanged.
         let key = match side {
+            // SAFETY: the caller's promise (see the trait) is passed on unchanged.
             Side::Local(l) => unsafe { self.local.expose_to(l, buf) }.map_err(|e| self.world_error(e))?,
+            // SAFETY: the caller's promise (see the trait) is passed on unchanged.
             Side::Net => unsafe { self.net.expose_to(peer, buf)? },
         };
         self.record(&key, side != Side::Net);
@@ -174,9 +201,10 @@ impl<L: Endpoint, N: Endpoint> Endpoint for Mixed<L, N> {
     #[allow(unsafe_code)]
     unsafe fn expose_mut_to(&mut self, peer: PeerId, buf: &mut [u8]) -> Result<RemoteKey, TransportError> {
         let side = self.side(peer)?;
-        // SAFETY: the caller's promise (see the trait) is passed on unchanged.
         let key = match side {
+            // SAFETY: the caller's promise (see the trait) is passed on unchanged.
             Side::Local(l) => unsafe { self.local.expose_mut_to(l, buf) }.map_err(|e| self.world_error(e))?,
+            // SAFETY: the caller's promise (see the trait) is passed on unchanged.
             Side::Net => unsafe { self.net.expose_mut_to(peer, buf)? },
         };
         self.record(&key, side != Side::Net);
@@ -200,20 +228,28 @@ impl<L: Endpoint, N: Endpoint> Endpoint for Mixed<L, N> {
 
     #[allow(unsafe_code)]
     unsafe fn read(&mut self, peer: PeerId, remote: &RemoteKey, local: &mut [u8]) -> Result<OpStatus, TransportError> {
-        // SAFETY: the caller's promise (see the trait) is passed on unchanged;
-        // ids are tagged so that `poll_ops` reports them as they were given.
         match self.side(peer)? {
+            // SAFETY: the caller's promise (see the trait) is passed on unchanged.
             Side::Local(l) => unsafe { self.local.read(l, remote, local) }.map_err(|e| self.world_error(e)),
-            Side::Net => unsafe { self.net.read(peer, remote, local) }.map(tag_net),
+            Side::Net => {
+                self.net_hot = HOT_POLLS;
+                // SAFETY: as above; the id is tagged so that `poll_ops`
+                // reports it as it was given (the buffer's promise follows it).
+                unsafe { self.net.read(peer, remote, local) }.map(tag_net)
+            }
         }
     }
 
     #[allow(unsafe_code)]
     unsafe fn write(&mut self, peer: PeerId, local: &[u8], remote: &RemoteKey) -> Result<OpStatus, TransportError> {
-        // SAFETY: as for `read`.
         match self.side(peer)? {
+            // SAFETY: the caller's promise (see the trait) is passed on unchanged.
             Side::Local(l) => unsafe { self.local.write(l, local, remote) }.map_err(|e| self.world_error(e)),
-            Side::Net => unsafe { self.net.write(peer, local, remote) }.map(tag_net),
+            Side::Net => {
+                self.net_hot = HOT_POLLS;
+                // SAFETY: as for `read`.
+                unsafe { self.net.write(peer, local, remote) }.map(tag_net)
+            }
         }
     }
 
