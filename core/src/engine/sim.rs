@@ -61,7 +61,7 @@ struct Op {
 }
 
 struct Net {
-    rng: u64,
+    rng: fmx_transport::mutate::Mutator,
     faults: Faults,
     step: u64,
     /// Messages in flight, by (source, destination).
@@ -107,20 +107,12 @@ impl Tally {
 }
 
 impl Net {
-    /// splitmix64: deterministic per seed.
-    fn next(&mut self) -> u64 {
-        self.rng = self.rng.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.rng;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
+    /// Deterministic per seed (the fuzz loops' splitmix64).
     fn below(&mut self, n: u64) -> u64 {
         if n == 0 {
             0
         } else {
-            self.next() % n
+            self.rng.next_u64() % n
         }
     }
 
@@ -167,7 +159,7 @@ pub(crate) struct SimNet(Arc<Mutex<Net>>);
 impl SimNet {
     pub(crate) fn new(size: u32, faults: Faults) -> Self {
         Self(Arc::new(Mutex::new(Net {
-            rng: faults.seed,
+            rng: fmx_transport::mutate::Mutator::new(faults.seed),
             faults,
             step: 0,
             links: HashMap::new(),
