@@ -42,6 +42,7 @@ pub mod ops;
 pub mod own;
 pub mod peers;
 pub mod pool;
+pub mod rdma;
 pub mod settings;
 pub mod sweep;
 

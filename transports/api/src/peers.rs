@@ -17,6 +17,8 @@ pub trait RdmaPeer {
     fn credits(&mut self) -> &mut PeerCredits;
     /// Whether the peer lives.
     fn life(&self) -> &PeerLife;
+    /// The same, to record what was learnt of it.
+    fn life_mut(&mut self) -> &mut PeerLife;
 }
 
 /// The peers of one endpoint, by index; `None` for ourselves. Derefs to the
@@ -115,6 +117,9 @@ mod tests {
         }
         fn life(&self) -> &PeerLife {
             &self.life
+        }
+        fn life_mut(&mut self) -> &mut PeerLife {
+            &mut self.life
         }
     }
 

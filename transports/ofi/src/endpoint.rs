@@ -4,21 +4,22 @@
 //! returns are `fi_write`s of a cumulative word into the peer's mailbox;
 //! rendezvous is `fi_read`/`fi_write` between registered user buffers.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{HashMap, VecDeque};
 use std::ffi::c_void;
 use std::ptr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use fmx_transport::credit::{mailbox, Class, CreditConfig, Gate, PeerCredits};
+use fmx_transport::credit::{mailbox, Class, CreditConfig, PeerCredits};
 use fmx_transport::liveness::{host_identity, PeerLife};
-use fmx_transport::own::{OwnQueue, OWN_SLOTS};
+use fmx_transport::own::OwnQueue;
 use fmx_transport::peers::{PeerList, RdmaPeer};
+use fmx_transport::rdma::{sealed::Sealed, Admit, Posted, RdmaDevice, RdmaState, Registry};
 use fmx_transport::pool::{HugePages, Lease, Pool, PoolConfig, RegistrationHook};
 use fmx_transport::settings::{env_limited, env_number, env_positive, limits};
 use fmx_transport::{
-    Endpoint, MsgHeader, MsgKind, OpStatus, PeerId, PeerState, ReceiveMemory, RegistrationStats, RemoteKey, SendOutcome, TransportError,
+    Endpoint, MsgHeader, OpStatus, PeerId, PeerState, ReceiveMemory, RegistrationStats, RemoteKey, SendOutcome, TransportError,
     HEADER_BYTES,
 };
 use memmap2::MmapMut;
@@ -28,14 +29,7 @@ use crate::fabric::{strerror, Fabric, Info, Mr};
 
 mod tagged;
 
-/// Default eager pool per process, in receive slots (`P`), shared by all peers.
-pub const DEFAULT_POOL_SLOTS: u32 = 64;
-/// Default bytes per receive slot (header included).
-pub const DEFAULT_SLOT_BYTES: usize = 8 << 10;
-/// Default newcomer credits (`c0`).
-pub const DEFAULT_NEWCOMER_CREDITS: u32 = 2;
-/// Control slots per peer (CTS, FIN) beside its data slice.
-pub const CTRL_SLOTS: u32 = 2;
+pub use fmx_transport::rdma::{CTRL_SLOTS, DEFAULT_NEWCOMER_CREDITS, DEFAULT_POOL_SLOTS, DEFAULT_SLOT_BYTES};
 /// Default largest RDMA piece: a long transfer is split so that no single
 /// operation outlives a slow link's timeouts (rxe under emulation).
 pub const DEFAULT_PIECE: usize = 4 << 20;
@@ -186,9 +180,13 @@ impl RdmaPeer for Peer {
     fn life(&self) -> &PeerLife {
         &self.life
     }
+    fn life_mut(&mut self) -> &mut PeerLife {
+        &mut self.life
+    }
 }
 
-struct Peer {
+/// A peer as the libfabric endpoint keeps it: its address, credits and mailbox.
+pub struct Peer {
     addr: sys::fi_addr_t,
     credits: PeerCredits,
     mailbox_addr: u64,
@@ -318,25 +316,14 @@ impl OfiSetup {
         };
         let ctx: Box<[Ctx]> = (0..recv_slots + ctrl_slots + TX_CONTEXTS).map(|_| Ctx { fi: sys::fi_context2::default() }).collect();
         let ep = OfiEndpoint {
-            rank: cfg.rank,
-            size: cfg.size,
-            slot_bytes: cfg.slot_bytes,
             piece: cfg.piece.min(max_msg),
             inject: inject.min(256),
             provider,
-            credit,
-            peers: PeerList::new(Vec::new()),
-            own: OwnQueue::default(),
             arrived: VecDeque::new(),
             unposted: VecDeque::new(),
-            explicit_due: false,
-            reallocated: false,
-            finalized: false,
             ops: Operations::default(),
             exposed: HashMap::new(),
-            registry: BTreeMap::new(),
-            stats: RegistrationStats::default(),
-            registrations,
+            registry: Registry::default(),
             debug: std::env::var_os("FMX_OFI_DEBUG").is_some(),
             peer_timeout: cfg.peer_timeout,
             recv_slots,
@@ -355,11 +342,24 @@ impl OfiSetup {
             recv_mr,
             recv,
             mailbox_mr,
-            mailbox,
             outbox_mr,
             outbox,
             ctx,
             fabric,
+            st: RdmaState {
+                rank: cfg.rank,
+                size: cfg.size,
+                slot_bytes: cfg.slot_bytes,
+                credit,
+                peers: PeerList::new(Vec::new()),
+                own: OwnQueue::default(),
+                explicit_due: false,
+                reallocated: false,
+                finalized: false,
+                stats: RegistrationStats::default(),
+                registrations,
+                mailbox,
+            },
         };
         for slot in 0..recv_slots {
             ep.post_recv(slot).map_err(|rc| crate::fabric::fail("post a receive slot (fi_trecv)", &ep.provider, rc))?;
@@ -412,7 +412,7 @@ impl OfiSetup {
         let names: Vec<&[u8]> = decoded.iter().map(|a| a.name.as_slice()).collect();
         let fi_addrs = ep.fabric.insert(&names)?;
         let mine = host_identity();
-        ep.peers = PeerList::new(
+        ep.st.peers = PeerList::new(
             decoded
                 .iter()
                 .zip(fi_addrs)
@@ -421,7 +421,7 @@ impl OfiSetup {
                     let r = r as u32;
                     (r != cfg.rank).then(|| Peer {
                         addr,
-                        credits: PeerCredits::new(&ep.credit, r < cfg.rank),
+                        credits: PeerCredits::new(&ep.st.credit, r < cfg.rank),
                         mailbox_addr: a.mailbox_addr + 8 * u64::from(cfg.rank),
                         mailbox_key: a.mailbox_key,
                         mailbox_busy: false,
@@ -441,29 +441,18 @@ impl OfiSetup {
 /// the fabric objects (endpoint, queues, domain) close last, once every
 /// region that holds them is gone.
 pub struct OfiEndpoint {
-    rank: u32,
-    size: u32,
-    slot_bytes: usize,
     piece: usize,
     inject: usize,
     provider: String,
-    credit: CreditConfig,
-    peers: PeerList<Peer>,
-    own: OwnQueue,
     /// Receive completions read but not yet handed to a sink: (slot, bytes, sender).
     arrived: VecDeque<(usize, usize, PeerId)>,
     /// Slots consumed whose repost the provider refused for now: (slot, sender, class).
     unposted: VecDeque<(usize, PeerId, Class)>,
-    explicit_due: bool,
-    reallocated: bool,
-    finalized: bool,
     ops: Operations,
     /// By (peer-visible address, key).
     exposed: HashMap<(u64, u64), Mr>,
     /// The core's registered buffers, by start address.
-    registry: BTreeMap<u64, Mr>,
-    stats: RegistrationStats,
-    registrations: Arc<AtomicU64>,
+    registry: Registry<Mr>,
     /// `FMX_OFI_DEBUG`: print every failed completion to stderr.
     debug: bool,
     /// See [`OfiConfig::peer_timeout`].
@@ -490,24 +479,19 @@ pub struct OfiEndpoint {
     recv_mr: Option<Mr>,
     recv: MmapMut,
     mailbox_mr: Mr,
-    mailbox: MmapMut,
     outbox_mr: Mr,
     outbox: MmapMut,
     /// Contexts of posted operations: receive slots, control receives, then transmit contexts.
     ctx: Box<[Ctx]>,
     fabric: Arc<Fabric>,
+    /// What every RDMA endpoint keeps alike; its mailbox memory is freed last.
+    st: RdmaState<Peer>,
 }
 
 // SAFETY: the raw pointers (pending pieces) point into buffers the core lends
 // to the endpoint until the operation completes; the endpoint is driven by
 // one thread at a time.
 unsafe impl Send for OfiEndpoint {}
-
-/// What a call answered: done, or the provider's queue is full for now.
-enum Posted {
-    Yes,
-    Again,
-}
 
 fn posted(rc: isize) -> Result<Posted, i64> {
     match rc {
@@ -530,7 +514,7 @@ impl OfiEndpoint {
 
     /// The credit state toward `peer` (for tests and reports).
     pub fn credits(&self, peer: PeerId) -> Option<&PeerCredits> {
-        self.peers.get(peer as usize).and_then(Option::as_ref).map(|p| &p.credits)
+        self.st.peers.get(peer as usize).and_then(Option::as_ref).map(|p| &p.credits)
     }
 
     fn ctx_ptr(&self, i: usize) -> *mut c_void {
@@ -545,7 +529,7 @@ impl OfiEndpoint {
     }
 
     fn post_recv(&self, slot: usize) -> Result<Posted, i64> {
-        let buf = self.recv[slot * self.slot_bytes..].as_ptr();
+        let buf = self.recv[slot * self.st.slot_bytes..].as_ptr();
         let desc = self.recv_mr.as_ref().map_or(ptr::null_mut(), |m| m.desc);
         // SAFETY: the slot lies in the receive region the endpoint owns (and
         // registered where the provider needs it); its context lives in `ctx`
@@ -554,7 +538,7 @@ impl OfiEndpoint {
             sys::fmx_fi_trecv(
                 self.fabric.ep(),
                 buf.cast_mut().cast(),
-                self.slot_bytes,
+                self.st.slot_bytes,
                 desc,
                 sys::FI_ADDR_UNSPEC,
                 0,
@@ -566,7 +550,7 @@ impl OfiEndpoint {
     }
 
     fn mailbox_word(&self, peer: PeerId) -> u64 {
-        mailbox::load(&self.mailbox, peer as usize)
+        mailbox::load(&self.st.mailbox, peer as usize)
     }
 
     fn take_tx(&mut self, what: Tx) -> Option<usize> {
@@ -586,9 +570,7 @@ impl OfiEndpoint {
     }
 
     fn mark_dead(&mut self, peer: PeerId, reason: String) {
-        if let Some(Some(p)) = self.peers.get_mut(peer as usize) {
-            p.life.mark_dead(reason, false);
-        }
+        self.st.mark_dead(peer, reason, false);
     }
 
     /// Reads every completion the queue holds: arrivals are kept for `poll`,
@@ -655,7 +637,7 @@ impl OfiEndpoint {
             // No context of ours: an inject (which has none) failed. Its peer is
             // unknown here; the next operation toward it reports the failure.
             if self.debug {
-                eprintln!("fmx-ofi rank {}: failure without a context ({:?}): {status}", self.rank, err.op_context);
+                eprintln!("fmx-ofi rank {}: failure without a context ({:?}): {status}", self.st.rank, err.op_context);
             }
             return Ok(());
         };
@@ -663,7 +645,7 @@ impl OfiEndpoint {
             // A receive failed (canceled at close, or truncated): the sender is in the tag.
             let peer = (err.tag & RANK_BITS) as PeerId;
             if self.debug {
-                eprintln!("fmx-ofi rank {}: receive from peer {peer} failed: {status}", self.rank);
+                eprintln!("fmx-ofi rank {}: receive from peer {peer} failed: {status}", self.st.rank);
             }
             if err.err == sys::FI_ECANCELED as i32 {
                 return Ok(());
@@ -682,7 +664,7 @@ impl OfiEndpoint {
         };
         if let Some(status) = &failure {
             if self.debug {
-                eprintln!("fmx-ofi rank {}: operation toward peer {peer} failed: {status}", self.rank);
+                eprintln!("fmx-ofi rank {}: operation toward peer {peer} failed: {status}", self.st.rank);
             }
             self.mark_dead(peer, format!("libfabric provider {} reported: {status}", self.provider));
         }
@@ -695,46 +677,18 @@ impl OfiEndpoint {
                 self.ops.piece_done(id, error);
             }
             Tx::Mailbox(_) => {
-                if let Some(Some(p)) = self.peers.get_mut(peer as usize) {
+                if let Some(Some(p)) = self.st.peers.get_mut(peer as usize) {
                     p.mailbox_busy = false;
                 }
             }
             Tx::Probe(_) => {
-                if let Some(Some(p)) = self.peers.get_mut(peer as usize) {
+                if let Some(Some(p)) = self.st.peers.get_mut(peer as usize) {
                     p.life.probe_answered();
                 }
             }
             Tx::Serve(_) => {}
             Tx::Sink(_, key) => self.sink_done(key),
         }
-    }
-
-    /// Writes our cumulative credit totals (and whether we finalized) into
-    /// every owed peer's mailbox: an 8-byte `fi_write` that needs no credit.
-    fn return_credits(&mut self, all: bool) -> Result<(), TransportError> {
-        self.explicit_due = false;
-        for peer in 0..self.size {
-            let Some(Some(p)) = self.peers.get(peer as usize) else { continue };
-            if p.life.failure().is_some() || !(all || p.credits.wants_explicit(&self.credit)) {
-                continue;
-            }
-            if p.mailbox_busy {
-                self.explicit_due = true; // the newer total goes once the last one has left
-                continue;
-            }
-            let p = self.peers[peer as usize].as_mut().expect("a peer");
-            let saved = p.credits.clone();
-            let (d, k) = p.credits.explicit();
-            match self.send_mailbox_word(peer, mailbox::encode(d, k, self.finalized)) {
-                Ok(Posted::Yes) => {}
-                Ok(Posted::Again) => {
-                    self.peers[peer as usize].as_mut().expect("a peer").credits = saved;
-                    self.explicit_due = true;
-                }
-                Err(reason) => self.mark_dead(peer, reason),
-            }
-        }
-        Ok(())
     }
 
     /// Puts `word` into `peer`'s mailbox: an `fi_write` (one in flight per
@@ -745,7 +699,7 @@ impl OfiEndpoint {
             return self.send_credit_word(peer, word).map_err(|e| e.to_string());
         }
         let Some(ctx) = self.take_tx(Tx::Mailbox(peer)) else { return Ok(Posted::Again) };
-        let p = self.peers[peer as usize].as_ref().expect("a peer");
+        let p = self.st.peers[peer as usize].as_ref().expect("a peer");
         let (addr, key, dest) = (p.mailbox_addr, p.mailbox_key, p.addr);
         let src = &mut self.outbox[8 * peer as usize..][..8];
         src.copy_from_slice(&word.to_le_bytes());
@@ -756,7 +710,7 @@ impl OfiEndpoint {
             unsafe { sys::fmx_fi_write(self.fabric.ep(), src.as_ptr().cast(), 8, self.outbox_mr.desc, dest, addr, key, self.ctx_ptr(ctx)) };
         match posted(rc) {
             Ok(Posted::Yes) => {
-                self.peers[peer as usize].as_mut().expect("a peer").mailbox_busy = true;
+                self.st.peers[peer as usize].as_mut().expect("a peer").mailbox_busy = true;
                 Ok(Posted::Yes)
             }
             Ok(Posted::Again) => {
@@ -779,8 +733,8 @@ impl OfiEndpoint {
     /// core, nothing where the provider needs none, else a registration for
     /// this operation.
     fn local_desc(&mut self, peer: PeerId, addr: u64, len: usize, access: u64) -> Result<(*mut c_void, Option<Mr>), TransportError> {
-        if let Some(desc) = self.owned(addr, len).map(|mr| mr.desc) {
-            self.stats.owned_hits += 1;
+        if let Some(desc) = self.registry.find(addr, len).map(|mr| mr.desc) {
+            self.st.stats.owned_hits += 1;
             return Ok((desc, None));
         }
         if !self.fabric.mr_mode.local {
@@ -790,14 +744,8 @@ impl OfiEndpoint {
         Ok((mr.desc, Some(mr)))
     }
 
-    fn owned(&self, addr: u64, len: usize) -> Option<&Mr> {
-        let (_, mr) = self.registry.range(..=addr).next_back()?;
-        mr.covers(addr, len).then_some(mr)
-    }
-
     fn register_per_op(&mut self, peer: PeerId, addr: *const u8, len: usize, access: u64) -> Result<Mr, TransportError> {
-        self.stats.per_operation += 1;
-        self.registrations.fetch_add(1, Ordering::Relaxed);
+        self.st.count_per_operation();
         self.fabric.register(addr, len, access).map_err(|e| TransportError::Io {
             op: "fi_mr_reg",
             peer,
@@ -805,148 +753,22 @@ impl OfiEndpoint {
         })
     }
 
-    /// Starts a one-sided operation in pieces of at most `piece` bytes.
-    fn one_sided(&mut self, peer: PeerId, remote: &RemoteKey, local: *mut u8, len: usize, read: bool) -> Result<OpStatus, TransportError> {
-        let r = remote.slice(peer, 0, len as u64)?;
-        self.peers.alive(peer)?;
-        if len == 0 {
-            return Ok(OpStatus::Done);
-        }
-        let access = u64::from(if read { sys::FI_READ } else { sys::FI_WRITE });
-        let (desc, mr) = self.local_desc(peer, local as u64, len, access)?;
-        let id = self.ops.start(peer, local as u64, len, desc, &r, read, self.piece, mr);
-        self.post_pending()?;
-        Ok(OpStatus::Pending(id))
-    }
-
-    /// Posts queued RMA pieces while the provider and our contexts accept them.
-    fn post_pending(&mut self) -> Result<(), TransportError> {
-        if !self.rma {
-            self.retry_emulated()?;
-        }
-        while let Some(pc) = self.ops.pop() {
-            let dest = match self.peers.get(pc.peer as usize) {
-                Some(Some(p)) if p.life.failure().is_none() => p.addr,
-                _ => {
-                    self.fail_piece(pc.op, pc.peer);
-                    continue;
-                }
-            };
-            let Some(ctx) = self.take_tx(Tx::Piece(pc.peer, pc.op)) else {
-                self.ops.push_front(pc);
-                return Ok(());
-            };
-            let outcome = if self.rma {
-                // SAFETY: `local` is the caller's buffer (lent until poll_ops
-                // reports the op), described by `desc` where the provider needs
-                // it; the remote range was checked against the peer's key; the
-                // context lives until the completion.
-                let rc = unsafe {
-                    if pc.read {
-                        sys::fmx_fi_read(
-                            self.fabric.ep(),
-                            pc.local as *mut c_void,
-                            pc.len,
-                            pc.desc,
-                            dest,
-                            pc.remote_addr,
-                            pc.key,
-                            self.ctx_ptr(ctx),
-                        )
-                    } else {
-                        sys::fmx_fi_write(
-                            self.fabric.ep(),
-                            pc.local as *mut c_void,
-                            pc.len,
-                            pc.desc,
-                            dest,
-                            pc.remote_addr,
-                            pc.key,
-                            self.ctx_ptr(ctx),
-                        )
-                    }
-                };
-                posted(rc).map_err(|rc| format!("posting an RMA operation failed: {}", strerror(rc)))
-            } else {
-                self.post_emulated(&pc, dest, ctx).map_err(|e| e.to_string())
-            };
-            match outcome {
-                Ok(Posted::Yes) => {}
-                Ok(Posted::Again) => {
-                    self.give_tx(ctx);
-                    self.ops.push_front(pc);
-                    return Ok(());
-                }
-                Err(reason) => {
-                    self.give_tx(ctx);
-                    self.mark_dead(pc.peer, reason);
-                    self.fail_piece(pc.op, pc.peer);
-                }
-            }
-        }
-        Ok(())
-    }
-
-    fn fail_piece(&mut self, id: u64, peer: PeerId) {
-        let reason =
-            self.peers.get(peer as usize).and_then(Option::as_ref).and_then(|p| p.life.failure().map(str::to_owned)).unwrap_or_default();
-        self.ops.piece_done(id, Some(TransportError::PeerGone { peer, reason }));
-    }
-
     fn expose_region(&mut self, ptr: *mut u8, len: usize, writable: bool) -> Result<RemoteKey, TransportError> {
         if !self.rma {
             return self.expose_emulated(ptr, len, writable);
         }
         let addr = ptr as u64;
-        if let Some(mr) = self.owned(addr, len) {
+        if let Some(mr) = self.registry.find(addr, len) {
             let key = RemoteKey { addr: mr.remote_addr(addr), len: len as u64, key: mr.key };
-            self.stats.owned_hits += 1;
+            self.st.stats.owned_hits += 1;
             return Ok(key);
         }
         let access = u64::from(if writable { sys::FI_REMOTE_WRITE } else { sys::FI_REMOTE_READ });
         // An empty buffer still gets a valid (1-byte) registration: some providers refuse length 0.
-        let mr = self.register_per_op(self.rank, ptr, len.max(1), access)?;
+        let mr = self.register_per_op(self.st.rank, ptr, len.max(1), access)?;
         let key = RemoteKey { addr: mr.remote_addr(addr), len: len as u64, key: mr.key };
         self.exposed.insert((key.addr, key.key), mr);
         Ok(key)
-    }
-
-    fn probe(&mut self, peer: PeerId) {
-        let Some(Some(p)) = self.peers.get(peer as usize) else { return };
-        // Without RMA there is nothing to read: send failures report a dead peer elsewhere.
-        if !self.rma || !p.life.probe_due() {
-            return;
-        }
-        let (addr, key, dest) = (p.mailbox_addr, p.mailbox_key, p.addr);
-        let Some(ctx) = self.take_tx(Tx::Probe(peer)) else { return };
-        let dst = self.outbox[8 * (self.size + peer) as usize..].as_mut_ptr();
-        // SAFETY: the destination word lies in the registered outbox (second
-        // half: probe words), used only by this probe until it completes.
-        let rc = unsafe { sys::fmx_fi_read(self.fabric.ep(), dst.cast(), 8, self.outbox_mr.desc, dest, addr, key, self.ctx_ptr(ctx)) };
-        let outcome = posted(rc);
-        if matches!(outcome, Ok(Posted::Yes)) {
-            self.peers[peer as usize].as_mut().expect("a peer").life.probe_posted();
-            return;
-        }
-        self.give_tx(ctx);
-        match outcome {
-            Err(rc) => self.mark_dead(peer, format!("probe read could not be posted: {}", strerror(rc))),
-            // rxm answers EAGAIN for ever once a peer's connection is gone and
-            // reconnecting fails; with nothing of ours in flight toward the
-            // peer that is not our own backlog.
-            _ if !self.tx.iter().any(|t| t.peer() == Some(peer)) => {
-                let refused = self.peers[peer as usize].as_mut().expect("a peer").life.probe_refused();
-                if refused >= self.peer_timeout {
-                    let why = format!(
-                        "unreachable: provider {} refused every operation toward it for {} s (FMX_OFI_PEER_TIMEOUT) with nothing in flight",
-                        self.provider,
-                        refused.as_secs()
-                    );
-                    self.mark_dead(peer, why);
-                }
-            }
-            _ => {}
-        }
     }
 
     /// Writes our first mailbox word (the totals so far) to every peer and
@@ -957,10 +779,10 @@ impl OfiEndpoint {
     /// from all, so nobody waits for a rank that already left.
     fn connect_all(&mut self, timeout: Duration) -> Result<(), TransportError> {
         let deadline = Instant::now() + timeout;
-        let mut todo: Vec<PeerId> = (0..self.size).filter(|&r| r != self.rank).collect();
+        let mut todo: Vec<PeerId> = (0..self.st.size).filter(|&r| r != self.st.rank).collect();
         loop {
             todo.retain(|&peer| {
-                let (d, k) = self.peers[peer as usize].as_ref().expect("a peer").credits.totals();
+                let (d, k) = self.st.peers[peer as usize].as_ref().expect("a peer").credits.totals();
                 match self.send_mailbox_word(peer, mailbox::encode(d, k, false)) {
                     Ok(Posted::Yes) => false,
                     Ok(Posted::Again) => true,
@@ -971,11 +793,11 @@ impl OfiEndpoint {
                 }
             });
             self.drain_cq()?;
-            if let Some((r, why)) = self.peers.iter().enumerate().find_map(|(r, p)| p.as_ref()?.life.failure().map(|d| (r, d.to_owned()))) {
+            if let Some((r, why)) = self.st.peers.iter().enumerate().find_map(|(r, p)| p.as_ref()?.life.failure().map(|d| (r, d.to_owned()))) {
                 return Err(TransportError::PeerGone { peer: r as PeerId, reason: format!("while connecting: {why}") });
             }
             let silent: Vec<PeerId> =
-                (0..self.size).filter(|&r| r != self.rank && mailbox::decode(self.mailbox_word(r)).is_none()).collect();
+                (0..self.st.size).filter(|&r| r != self.st.rank && mailbox::decode(self.mailbox_word(r)).is_none()).collect();
             if todo.is_empty() && silent.is_empty() {
                 return Ok(());
             }
@@ -999,10 +821,7 @@ impl OfiEndpoint {
             match self.post_recv(slot) {
                 Ok(Posted::Yes) => {
                     self.unposted.pop_front();
-                    if let Some(Some(p)) = self.peers.get_mut(peer as usize) {
-                        p.credits.on_release(class);
-                    }
-                    self.explicit_due = true;
+                    self.st.released(peer, class);
                 }
                 Ok(Posted::Again) => return Ok(()),
                 Err(rc) => {
@@ -1017,15 +836,14 @@ impl OfiEndpoint {
         Ok(())
     }
 
-    fn send_eager(&mut self, peer: PeerId, h: &MsgHeader, payload: &[u8]) -> Result<SendOutcome, TransportError> {
+    /// Sends the encoded header `hb` and `payload`: injected when small, else from a pooled buffer.
+    fn send_eager(&mut self, peer: PeerId, hb: &[u8; HEADER_BYTES], payload: &[u8]) -> Result<SendOutcome, TransportError> {
         let len = HEADER_BYTES + payload.len();
-        let dest = self.peers.alive(peer)?.addr;
-        let tag = u64::from(self.rank);
-        let mut hb = [0u8; HEADER_BYTES];
-        h.encode(&mut hb);
+        let dest = self.st.peers.alive(peer)?.addr;
+        let tag = u64::from(self.st.rank);
         if len <= self.inject {
             let mut buf = [0u8; 256];
-            buf[..HEADER_BYTES].copy_from_slice(&hb);
+            buf[..HEADER_BYTES].copy_from_slice(hb);
             buf[HEADER_BYTES..len].copy_from_slice(payload);
             // SAFETY: fi_tinject copies the `len` bytes of `buf` before it returns.
             let rc = unsafe { sys::fmx_fi_tinject(self.fabric.ep(), buf.as_ptr().cast(), len, dest, tag) };
@@ -1043,7 +861,7 @@ impl OfiEndpoint {
             return Ok(SendOutcome::Backpressure);
         };
         let b = self.send_pool.buf_mut(&lease);
-        b[..HEADER_BYTES].copy_from_slice(&hb);
+        b[..HEADER_BYTES].copy_from_slice(hb);
         b[HEADER_BYTES..len].copy_from_slice(payload);
         let src = b.as_ptr();
         let desc = self.send_pool.handle(&lease).as_ref().map_or(ptr::null_mut(), |m| m.desc);
@@ -1074,6 +892,145 @@ impl OfiEndpoint {
     }
 }
 
+impl Sealed for OfiEndpoint {}
+
+impl RdmaDevice for OfiEndpoint {
+    type Peer = Peer;
+    type Local = Option<Mr>;
+    type Desc = *mut c_void;
+
+    fn operations(&mut self) -> &mut Operations {
+        &mut self.ops
+    }
+
+    fn max_piece(&self) -> usize {
+        self.piece
+    }
+
+    fn local_side(&mut self, peer: PeerId, local: *mut u8, len: usize, read: bool) -> Result<(u64, *mut c_void, Option<Mr>), TransportError> {
+        let access = u64::from(if read { sys::FI_READ } else { sys::FI_WRITE });
+        let (desc, mr) = self.local_desc(peer, local as u64, len, access)?;
+        Ok((local as u64, desc, mr))
+    }
+
+    /// An `fi_read`/`fi_write`, or its emulation by tagged messages without RMA.
+    fn post_piece(&mut self, pc: &Piece) -> Result<Posted, TransportError> {
+        let dest = self.st.peers.alive(pc.peer)?.addr;
+        let Some(ctx) = self.take_tx(Tx::Piece(pc.peer, pc.op)) else { return Ok(Posted::Again) };
+        let outcome = if self.rma {
+            // SAFETY: `local` is the caller's buffer (lent until poll_ops
+            // reports the op), described by `desc` where the provider needs
+            // it; the remote range was checked against the peer's key; the
+            // context lives until the completion.
+            let (ep, local, context) = (self.fabric.ep(), pc.local as *mut c_void, self.ctx_ptr(ctx));
+            let rc = unsafe {
+                if pc.read {
+                    sys::fmx_fi_read(ep, local, pc.len, pc.desc, dest, pc.remote_addr, pc.key, context)
+                } else {
+                    sys::fmx_fi_write(ep, local, pc.len, pc.desc, dest, pc.remote_addr, pc.key, context)
+                }
+            };
+            posted(rc).map_err(|rc| format!("posting an RMA operation failed: {}", strerror(rc)))
+        } else {
+            self.post_emulated(pc, dest, ctx).map_err(|e| e.to_string())
+        };
+        if !matches!(outcome, Ok(Posted::Yes)) {
+            self.give_tx(ctx);
+        }
+        outcome.map_err(|reason| {
+            self.mark_dead(pc.peer, reason.clone());
+            TransportError::PeerGone { peer: pc.peer, reason }
+        })
+    }
+
+    fn finish_local(&mut self, id: u64, local: Option<Mr>, _succeeded: bool) {
+        if !self.rma {
+            self.emulated_ids.retain(|_, o| *o != id);
+        }
+        drop(local); // the per-operation registration, if any
+    }
+
+    fn before_posting(&mut self) -> Result<(), TransportError> {
+        if self.rma {
+            return Ok(());
+        }
+        self.retry_emulated()
+    }
+
+    fn state(&mut self) -> &mut RdmaState<Peer> {
+        &mut self.st
+    }
+
+    fn progress(&mut self) -> Result<(), TransportError> {
+        self.drain_cq()
+    }
+
+    /// An 8-byte `fi_write` of the word into the peer's mailbox (one in
+    /// flight per peer), needing no credit.
+    fn return_credits(&mut self, all: bool) -> Result<(), TransportError> {
+        self.st.explicit_due = false;
+        for peer in self.st.owed_returns(all) {
+            if self.st.peers[peer as usize].as_ref().is_some_and(|p| p.mailbox_busy) {
+                self.st.explicit_due = true; // the newer total goes once the last one has left
+                continue;
+            }
+            let saved = self.st.peers[peer as usize].as_ref().expect("a peer").credits.clone();
+            let word = self.st.return_word(peer);
+            match self.send_mailbox_word(peer, word) {
+                Ok(Posted::Yes) => {}
+                Ok(Posted::Again) => {
+                    self.st.peers[peer as usize].as_mut().expect("a peer").credits = saved;
+                    self.st.explicit_due = true;
+                }
+                Err(reason) => self.mark_dead(peer, reason),
+            }
+        }
+        Ok(())
+    }
+
+    fn probe(&mut self, peer: PeerId) {
+        let Some(Some(p)) = self.st.peers.get(peer as usize) else { return };
+        // Without RMA there is nothing to read: send failures report a dead peer elsewhere.
+        if !self.rma || !p.life.probe_due() {
+            return;
+        }
+        let (addr, key, dest) = (p.mailbox_addr, p.mailbox_key, p.addr);
+        let Some(ctx) = self.take_tx(Tx::Probe(peer)) else { return };
+        let dst = self.outbox[8 * (self.st.size + peer) as usize..].as_mut_ptr();
+        // SAFETY: the destination word lies in the registered outbox (second
+        // half: probe words), used only by this probe until it completes.
+        let rc = unsafe { sys::fmx_fi_read(self.fabric.ep(), dst.cast(), 8, self.outbox_mr.desc, dest, addr, key, self.ctx_ptr(ctx)) };
+        let outcome = posted(rc);
+        if matches!(outcome, Ok(Posted::Yes)) {
+            self.st.peers[peer as usize].as_mut().expect("a peer").life.probe_posted();
+            return;
+        }
+        self.give_tx(ctx);
+        match outcome {
+            Err(rc) => self.mark_dead(peer, format!("probe read could not be posted: {}", strerror(rc))),
+            // rxm answers EAGAIN for ever once a peer's connection is gone and
+            // reconnecting fails; with nothing of ours in flight toward the
+            // peer that is not our own backlog.
+            _ if !self.tx.iter().any(|t| t.peer() == Some(peer)) => {
+                let refused = self.st.peers[peer as usize].as_mut().expect("a peer").life.probe_refused();
+                if refused >= self.peer_timeout {
+                    let why = format!(
+                        "unreachable: provider {} refused every operation toward it for {} s (FMX_OFI_PEER_TIMEOUT) with nothing in flight",
+                        self.provider,
+                        refused.as_secs()
+                    );
+                    self.mark_dead(peer, why);
+                }
+            }
+            _ => {}
+        }
+    }
+
+    fn words_in_flight(&mut self) -> bool {
+        self.st.peers.iter().flatten().any(|p| p.life.failure().is_none() && p.mailbox_busy)
+    }
+}
+
 impl Drop for OfiEndpoint {
     fn drop(&mut self) {
         // The endpoint first: closing it cancels what is still posted into
@@ -1088,44 +1045,28 @@ impl Drop for OfiEndpoint {
 
 impl Endpoint for OfiEndpoint {
     fn local_id(&self) -> PeerId {
-        self.rank
+        self.st.rank
     }
 
     fn num_peers(&self) -> u32 {
-        self.size
+        self.st.size
     }
 
     fn max_eager(&self) -> usize {
-        self.slot_bytes - HEADER_BYTES
+        self.st.max_eager()
     }
 
     fn try_send(&mut self, peer: PeerId, header: &MsgHeader, payload: &[u8]) -> Result<SendOutcome, TransportError> {
-        let max = self.max_eager();
-        if payload.len() > max {
-            return Err(TransportError::EagerTooLarge { len: payload.len(), max });
-        }
-        if peer == self.rank {
-            return Ok(self.own.push(header, payload));
-        }
-        let class = Class::of(header.kind);
-        if self.peers.alive(peer)?.credits.peek(class) == Gate::Backpressure {
-            self.peers.read_mailbox(&self.mailbox, peer);
-        }
-        match self.peers.alive(peer)?.credits.peek(class) {
-            Gate::Go => {}
-            Gate::Backpressure => return Ok(SendOutcome::Backpressure),
-            Gate::NotAllowed => return Ok(SendOutcome::NotAllowed),
-        }
+        let class = match self.st.admit(peer, header, payload)? {
+            Admit::Answer(outcome) => return Ok(outcome),
+            Admit::Go(class) => class,
+        };
         // The credit and the piggybacked returns count only if the send goes out.
-        let p = self.peers.alive(peer)?;
-        let saved = p.credits.clone();
-        let gate = p.credits.try_take(class);
-        debug_assert_eq!(gate, Gate::Go);
-        let mut h = *header;
-        (h.credits, h.ctrl_credits) = p.credits.piggyback();
-        let out = self.send_eager(peer, &h, payload);
+        let saved = self.st.peers.alive(peer)?.credits.clone();
+        let hb = self.st.take_credit(peer, class, header)?;
+        let out = self.send_eager(peer, &hb, payload);
         if !matches!(out, Ok(SendOutcome::Sent)) {
-            if let Some(Some(p)) = self.peers.get_mut(peer as usize) {
+            if let Some(Some(p)) = self.st.peers.get_mut(peer as usize) {
                 p.credits = saved;
             }
             if matches!(out, Ok(SendOutcome::Backpressure)) {
@@ -1136,39 +1077,26 @@ impl Endpoint for OfiEndpoint {
     }
 
     fn credit(&mut self, peer: PeerId) -> SendOutcome {
-        if peer == self.rank {
-            return self.own.credit();
-        }
-        self.peers.credit(&self.mailbox, peer)
+        self.st.credit(peer)
     }
 
     fn poll<F>(&mut self, max: usize, mut sink: F) -> Result<usize, TransportError>
     where
         F: FnMut(PeerId, &MsgHeader, &[u8]),
     {
-        let mut n = self.own.drain(self.rank, max, &mut sink);
+        let mut n = self.st.own.drain(self.st.rank, max, &mut sink);
         self.drain_cq()?;
         while n < max {
             let Some((slot, len, peer)) = self.arrived.pop_front() else { break };
-            if !matches!(self.peers.get(peer as usize), Some(Some(_))) {
-                return Err(TransportError::Malformed { peer, what: "eager message tagged with an unknown sender" });
-            }
-            let bytes = &self.recv[slot * self.slot_bytes..][..len];
-            let h = MsgHeader::decode(bytes)
-                .map_err(|_| TransportError::Malformed { peer, what: "undecodable header in a libfabric receive slot" })?;
-            let class = Class::of(h.kind);
-            let p = self.peers[peer as usize].as_mut().expect("checked above");
-            p.credits.on_receive(h.credits, h.ctrl_credits);
-            if !matches!(h.kind, MsgKind::Credit | MsgKind::Internal) {
-                sink(peer, &h, &bytes[HEADER_BYTES..]);
-            }
+            let bytes = &self.recv[slot * self.st.slot_bytes..][..len];
+            let class = self.st.deliver(peer, bytes, "undecodable header in a libfabric receive slot", &mut sink)?;
             // The slot is free again only once reposted: its credit goes back after that.
             self.unposted.push_back((slot, peer, class));
             n += 1;
         }
         self.repost_unposted()?;
-        self.post_pending()?;
-        if self.explicit_due {
+        self.shared_post_pending()?;
+        if self.st.explicit_due {
             self.return_credits(false)?;
         }
         Ok(n)
@@ -1191,12 +1119,12 @@ impl Endpoint for OfiEndpoint {
     }
 
     unsafe fn read(&mut self, peer: PeerId, remote: &RemoteKey, local: &mut [u8]) -> Result<OpStatus, TransportError> {
-        self.one_sided(peer, remote, local.as_mut_ptr(), local.len(), true)
+        self.shared_one_sided(peer, remote, local.as_mut_ptr(), local.len(), true)
     }
 
     unsafe fn write(&mut self, peer: PeerId, local: &[u8], remote: &RemoteKey) -> Result<OpStatus, TransportError> {
         // A write only reads `local`; the pointer is not written through.
-        self.one_sided(peer, remote, local.as_ptr().cast_mut(), local.len(), false)
+        self.shared_one_sided(peer, remote, local.as_ptr().cast_mut(), local.len(), false)
     }
 
     /// Closes the endpoint: libfabric then touches none of the buffers its
@@ -1216,50 +1144,23 @@ impl Endpoint for OfiEndpoint {
         true
     }
 
-    fn poll_ops<F>(&mut self, mut done: F) -> Result<usize, TransportError>
+    fn poll_ops<F>(&mut self, done: F) -> Result<usize, TransportError>
     where
         F: FnMut(u64, Result<(), TransportError>),
     {
-        self.drain_cq()?;
-        self.post_pending()?;
-        let finished = self.ops.take_done();
-        let n = finished.len();
-        for f in finished {
-            if !self.rma {
-                self.emulated_ids.retain(|_, o| *o != f.id);
-            }
-            drop(f.local); // the per-operation registration, if any
-            done(f.id, f.result);
-        }
-        Ok(n)
+        self.shared_poll_ops(done)
     }
 
     fn peer_state(&mut self, peer: PeerId) -> PeerState {
-        if peer == self.rank {
-            return if self.finalized { PeerState::Finalized } else { PeerState::Alive };
-        }
-        if peer >= self.size {
-            return PeerState::Dead;
-        }
-        let _ = self.drain_cq(); // completions may tell that it is gone
-        if let Some(state) = self.peers.departed(&self.mailbox, peer) {
-            return state;
-        }
-        self.probe(peer); // another host: a failed probe marks it dead
-        PeerState::Alive
+        self.shared_peer_state(peer)
     }
 
     fn reallocate_credits(&mut self) -> Result<(), TransportError> {
-        if self.reallocated {
-            return Ok(());
-        }
-        self.reallocated = true;
-        self.peers.reallocate(&self.credit);
-        self.return_credits(true)
+        self.shared_reallocate_credits()
     }
 
     fn receive_memory(&self) -> ReceiveMemory {
-        ReceiveMemory::fixed(&self.credit, self.size.saturating_sub(1), self.slot_bytes, OWN_SLOTS)
+        self.st.receive_memory()
     }
 
     /// Halves in parallel where the provider moves a read and a write at once
@@ -1282,40 +1183,22 @@ impl Endpoint for OfiEndpoint {
         if region.is_empty() {
             return Ok(());
         }
-        self.registrations.fetch_add(1, Ordering::Relaxed);
+        self.st.count_registration();
         let access = u64::from(sys::FI_SEND | sys::FI_RECV | sys::FI_READ | sys::FI_WRITE | sys::FI_REMOTE_READ | sys::FI_REMOTE_WRITE);
         let mr = self.fabric.register(region.as_ptr(), region.len(), access)?;
-        self.registry.insert(mr.base, mr);
+        self.registry.insert(mr);
         Ok(())
     }
 
     fn deregister_owned(&mut self, region: &[u8]) {
-        self.registry.remove(&(region.as_ptr() as u64));
+        self.registry.remove(region.as_ptr() as u64);
     }
 
     fn registration_stats(&self) -> RegistrationStats {
-        RegistrationStats { registrations: self.registrations.load(Ordering::Relaxed), ..self.stats }
+        self.st.registration_stats()
     }
 
     fn finalize(&mut self) -> Result<(), TransportError> {
-        if self.finalized {
-            return Ok(());
-        }
-        self.finalized = true;
-        // Wait (bounded) for every mailbox word to leave, with the finalized flag.
-        let deadline = Instant::now() + Duration::from_secs(2);
-        loop {
-            self.drain_cq()?;
-            self.return_credits(true)?;
-            if !self.explicit_due || Instant::now() >= deadline {
-                break;
-            }
-            std::thread::yield_now();
-        }
-        while self.peers.iter().flatten().any(|p| p.life.failure().is_none() && p.mailbox_busy) && Instant::now() < deadline {
-            self.drain_cq()?;
-            std::thread::yield_now();
-        }
-        Ok(())
+        self.shared_finalize()
     }
 }

@@ -413,11 +413,16 @@ pub struct Mr {
 // SAFETY: a region handle; used by the thread that drives its endpoint.
 unsafe impl Send for Mr {}
 
-impl Mr {
-    /// Whether `[addr, addr+len)` lies inside.
-    pub fn covers(&self, addr: u64, len: usize) -> bool {
+impl fmx_transport::rdma::Region for Mr {
+    fn start(&self) -> u64 {
+        self.base
+    }
+    fn covers(&self, addr: u64, len: usize) -> bool {
         addr >= self.base && addr + len as u64 <= self.base + self.len as u64
     }
+}
+
+impl Mr {
 
     /// The address a peer uses for our `addr`.
     pub fn remote_addr(&self, addr: u64) -> u64 {

@@ -6,35 +6,27 @@
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use fmx_transport::credit::{Class, CreditConfig, Gate, PeerCredits};
+use fmx_transport::credit::{CreditConfig, PeerCredits};
 use fmx_transport::liveness::PeerLife;
-use fmx_transport::own::{OwnQueue, OWN_SLOTS};
+use fmx_transport::own::OwnQueue;
 use fmx_transport::peers::{PeerList, RdmaPeer};
+use fmx_transport::rdma::{sealed::Sealed, Admit, Posted, RdmaDevice, RdmaState, Registry};
 use fmx_transport::pool::{HugePages, Lease, Pool, PoolConfig, RegistrationHook};
 use fmx_transport::settings::{env_limited, env_number as env_num, limits};
 use fmx_transport::{
-    Endpoint, MsgHeader, MsgKind, OpStatus, PeerId, PeerState, ReceiveMemory, RegistrationStats, RemoteKey, SendOutcome, TransportError,
+    Endpoint, MsgHeader, OpStatus, PeerId, PeerState, ReceiveMemory, RegistrationStats, RemoteKey, SendOutcome, TransportError,
     HEADER_BYTES,
 };
 use memmap2::MmapMut;
 
 use crate::address::Address;
 use crate::device::{choose, Chosen};
-use crate::registry::{Owned, Registry};
 use crate::sys::{ffi, Access, Cq, Mr, Pd, PeerPath, Qp, QpTiming, SendOp, SendWr, Srq};
-use fmx_transport::credit::mailbox;
 use fmx_transport::liveness::host_identity;
 
-/// Default eager pool per process, in receive slots (`P`), shared by all peers.
-pub const DEFAULT_POOL_SLOTS: u32 = 64;
-/// Default bytes per receive slot (header included).
-pub const DEFAULT_SLOT_BYTES: usize = 8 << 10;
-/// Default newcomer credits (`c0`).
-pub const DEFAULT_NEWCOMER_CREDITS: u32 = 2;
-/// Control slots per peer (CTS, FIN) beside its data slice.
-pub const CTRL_SLOTS: u32 = 2;
+pub use fmx_transport::rdma::{CTRL_SLOTS, DEFAULT_NEWCOMER_CREDITS, DEFAULT_POOL_SLOTS, DEFAULT_SLOT_BYTES};
 /// Plain slices up to this size go through pre-registered bounce buffers
 /// (a copy) instead of a registration per operation; see the README for the measurement.
 pub const DEFAULT_BOUNCE_MAX: usize = 64 << 10;
@@ -137,7 +129,7 @@ enum Inflight {
 }
 
 /// The local side of a one-sided operation.
-enum Local {
+pub enum Local {
     /// A buffer registered for its lifetime, or the empty slice.
     Owned,
     /// Registered for this operation; deregistered when it completes.
@@ -148,6 +140,7 @@ enum Local {
 
 /// One-sided operations: pieces carry the lkey of their local memory.
 type Operations = fmx_transport::ops::Operations<Local, u32>;
+type Piece<D> = fmx_transport::ops::Piece<D>;
 
 /// What backs a key handed out by `expose`.
 enum Exposure {
@@ -166,9 +159,13 @@ impl RdmaPeer for Peer {
     fn life(&self) -> &PeerLife {
         &self.life
     }
+    fn life_mut(&mut self) -> &mut PeerLife {
+        &mut self.life
+    }
 }
 
-struct Peer {
+/// A peer as the verbs endpoint keeps it: its queue pair, credits and work requests in flight.
+pub struct Peer {
     qp: Qp,
     credits: PeerCredits,
     /// Next work-request sequence number; unsignaled requests complete with the next signaled one.
@@ -391,33 +388,35 @@ impl VerbsSetup {
             hook(Access::Remote),
         );
         Ok(VerbsEndpoint {
-            rank: me,
-            size: cfg.size,
-            slot_bytes: cfg.slot_bytes,
+            st: RdmaState {
+                rank: me,
+                size: cfg.size,
+                slot_bytes: cfg.slot_bytes,
+                credit: self.credit,
+                peers: PeerList::new(peers),
+                own: OwnQueue::default(),
+                explicit_due: false,
+                reallocated: false,
+                finalized: false,
+                stats: RegistrationStats::default(),
+                registrations: self.registrations,
+                mailbox: self.mailbox,
+            },
             max_inline,
             bounce_max: cfg.bounce_max,
             // Pieces of at most 1 MiB: a long READ response on a slow link
             // (rxe under emulation) must not outlive the ACK timeout.
             max_msg: (self.chosen.port_attr.max_msg_sz as usize).clamp(1 << 16, MAX_PIECE),
             device: self.chosen.ctx.name.clone(),
-            credit: self.credit,
-            peers: PeerList::new(peers),
             qpn_to_peer,
-            own: OwnQueue::default(),
-            explicit_due: false,
-            reallocated: false,
-            finalized: false,
             ops: Operations::default(),
             exposed: HashMap::new(),
             registry: Registry::default(),
-            stats: RegistrationStats::default(),
             debug: std::env::var_os("FMX_VERBS_DEBUG").is_some(),
-            registrations: self.registrations,
             send_pool,
             bounce,
             recv: self.recv,
             recv_mr: self.recv_mr,
-            mailbox: self.mailbox,
             _mailbox_mr: self.mailbox_mr,
             outbox: self.outbox,
             outbox_mr: self.outbox_mr,
@@ -448,38 +447,27 @@ pub(crate) fn connect_with_retry(qp: &Qp, timing: QpTiming, psn: u32, path: &Pee
 
 /// The verbs endpoint.
 ///
-/// Field order is drop order: queue pairs (in `peers`) go first, then the
-/// registrations, then the memory they cover, then the queues and the domain.
+/// Field order is drop order: the queue pairs go first (`Drop` destroys them),
+/// then the registrations, then the memory they cover, then the queues and
+/// the domain, and the shared state last.
 pub struct VerbsEndpoint {
-    rank: u32,
-    size: u32,
-    slot_bytes: usize,
     max_inline: usize,
     bounce_max: usize,
     max_msg: usize,
     device: String,
-    credit: CreditConfig,
-    peers: PeerList<Peer>,
     qpn_to_peer: Vec<(u32, PeerId)>,
-    own: OwnQueue,
-    explicit_due: bool,
-    reallocated: bool,
-    finalized: bool,
     ops: Operations,
     /// By (address, key): one buffer may be exposed several times at once (a window of sends).
     exposed: HashMap<(u64, u64), Exposure>,
-    registry: Registry,
-    stats: RegistrationStats,
+    registry: Registry<Mr>,
     /// `FMX_VERBS_DEBUG`: print every failed completion to stderr.
     debug: bool,
-    registrations: Arc<AtomicU64>,
     send_pool: Pool<VerbsHook>,
     bounce: Pool<VerbsHook>,
     recv_mr: Mr,
     recv: MmapMut,
     /// Registered for peers' credit writes; never read through.
     _mailbox_mr: Mr,
-    mailbox: MmapMut,
     outbox_mr: Mr,
     outbox: MmapMut,
     srq: Option<Arc<Srq>>,
@@ -487,6 +475,9 @@ pub struct VerbsEndpoint {
     recv_cq: Arc<Cq>,
     pd: Arc<Pd>,
     _chosen: Chosen,
+    /// What every RDMA endpoint keeps alike. Its queue pairs are destroyed
+    /// first, by `Drop`; its mailbox memory is freed last.
+    st: RdmaState<Peer>,
 }
 
 // SAFETY: the raw pointers (bounce destinations) point into buffers the core
@@ -536,7 +527,7 @@ impl VerbsEndpoint {
 
     /// The credit state toward `peer` (for tests and reports).
     pub fn credits(&self, peer: PeerId) -> Option<&PeerCredits> {
-        self.peers.get(peer as usize).and_then(Option::as_ref).map(|p| &p.credits)
+        self.st.peers.get(peer as usize).and_then(Option::as_ref).map(|p| &p.credits)
     }
 
     /// Posts one work request toward `peer`, signaling it when due.
@@ -550,7 +541,7 @@ impl VerbsEndpoint {
         force_signal: bool,
     ) -> Result<(), TransportError> {
         let low_slots = self.send_pool.leased() * 4 >= 3 * SEND_BUFS;
-        let p = self.peers.alive(peer)?;
+        let p = self.st.peers.alive(peer)?;
         let seq = p.seq;
         let signaled = force_signal || low_slots || p.unsignaled + 1 >= SIGNAL_EVERY;
         let wr = SendWr { wr_id: (u64::from(peer) << PEER_SHIFT) | seq, opcode: op, local, signaled, inline };
@@ -567,12 +558,12 @@ impl VerbsEndpoint {
 
     /// Room for one more request toward `peer` (reaping completions if needed).
     fn sq_room(&mut self, peer: PeerId) -> Result<bool, TransportError> {
-        let full = |me: &Self| me.peers[peer as usize].as_ref().is_some_and(|p| p.inflight.len() as u32 + 2 >= SQ_DEPTH);
+        let full = |me: &Self| me.st.peers[peer as usize].as_ref().is_some_and(|p| p.inflight.len() as u32 + 2 >= SQ_DEPTH);
         if full(self) {
             self.reap_sends()?;
             if full(self) {
                 // Everything outstanding may be unsignaled: ask for a completion.
-                if let Some(p) = self.peers[peer as usize].as_mut() {
+                if let Some(p) = self.st.peers[peer as usize].as_mut() {
                     p.unsignaled = SIGNAL_EVERY;
                 }
                 return Ok(false);
@@ -595,7 +586,7 @@ impl VerbsEndpoint {
                     if self.debug {
                         eprintln!(
                             "fmx-verbs rank {}: send completion toward peer {peer} seq {seq}: {} (vendor {vendor:#x})",
-                            self.rank,
+                            self.st.rank,
                             status_name(status)
                         );
                     }
@@ -611,7 +602,7 @@ impl VerbsEndpoint {
     }
 
     fn complete_through(&mut self, peer: PeerId, seq: u64, failure: Option<String>) {
-        let Some(Some(p)) = self.peers.get_mut(peer as usize) else { return };
+        let Some(Some(p)) = self.st.peers.get_mut(peer as usize) else { return };
         if let Some(reason) = &failure {
             // Keep the first real cause; flushes only follow one.
             p.life.mark_dead(format!("device {} reported: {reason}", self.device), reason.starts_with("flushed"));
@@ -637,116 +628,27 @@ impl VerbsEndpoint {
         }
     }
 
-    /// Writes our cumulative credit totals (and whether we finalized) into every
-    /// owed peer's mailbox: an inline 8-byte RDMA WRITE, needing no credit.
-    fn return_credits(&mut self, all: bool) -> Result<(), TransportError> {
-        self.explicit_due = false;
-        for peer in 0..self.size {
-            let Some(Some(p)) = self.peers.get(peer as usize) else { continue };
-            if p.life.failure().is_some() || !(all || p.credits.wants_explicit(&self.credit)) {
-                continue;
-            }
-            if !self.sq_room(peer)? {
-                self.explicit_due = true;
-                continue;
-            }
-            let p = self.peers[peer as usize].as_mut().expect("a peer");
-            let (d, k) = p.credits.explicit();
-            let (addr, rkey) = (p.mailbox_addr, p.mailbox_rkey);
-            // The source word stays in registered memory (devices without
-            // inline data read it by DMA); a newer total may overwrite it
-            // before the device reads it, which is as good.
-            let word = &mut self.outbox[8 * peer as usize..][..8];
-            word.copy_from_slice(&mailbox::encode(d, k, self.finalized).to_le_bytes());
-            let local = (word.as_ptr() as u64, 8, self.outbox_mr.lkey());
-            let (inline, finalized) = (self.max_inline >= 8, self.finalized);
-            self.post(peer, SendOp::Write { remote_addr: addr, rkey }, local, inline, Inflight::Nothing, finalized)?;
-        }
-        Ok(())
-    }
-
     /// The lkey for `[addr, addr+len)` if it lies in a registered buffer of the core.
-    fn owned_lkey(&mut self, addr: u64, len: usize) -> Option<Owned> {
-        let hit = self.registry.find(addr, len);
+    /// The (lkey, rkey) of the registered buffer of the core that holds `[addr, addr+len)`.
+    fn owned_keys(&mut self, addr: u64, len: usize) -> Option<(u32, u32)> {
+        let hit = self.registry.find(addr, len).map(|mr| (mr.lkey(), mr.rkey()));
         if hit.is_some() {
-            self.stats.owned_hits += 1;
+            self.st.stats.owned_hits += 1;
         }
         hit
     }
 
     fn register_per_op(&mut self, peer: PeerId, addr: *const u8, len: usize, access: Access) -> Result<Mr, TransportError> {
-        self.stats.per_operation += 1;
-        self.registrations.fetch_add(1, Ordering::Relaxed);
+        self.st.count_per_operation();
         Mr::register(&self.pd, addr, len, access).map_err(|source| TransportError::Io { op: "ibv_reg_mr", peer, source })
     }
 
     fn lease_bounce(&mut self) -> Result<Option<Lease>, TransportError> {
         let l = self.bounce.lease()?;
         if l.is_some() {
-            self.stats.bounced += 1;
+            self.st.stats.bounced += 1;
         }
         Ok(l)
-    }
-
-    /// Starts a one-sided operation in pieces of at most the device's message size.
-    fn one_sided(&mut self, peer: PeerId, remote: &RemoteKey, local: *mut u8, len: usize, read: bool) -> Result<OpStatus, TransportError> {
-        let r = remote.slice(peer, 0, len as u64)?;
-        self.peers.alive(peer)?;
-        if len == 0 {
-            return Ok(OpStatus::Done);
-        }
-        let addr = local as u64;
-        let (lkey, base, local_kind) = if let Some(o) = self.owned_lkey(addr, len) {
-            (o.lkey, addr, Local::Owned)
-        } else if len <= self.bounce_max {
-            match self.lease_bounce()? {
-                Some(lease) => {
-                    let buf = self.bounce.buf(&lease);
-                    let (base, lkey) = (buf.as_ptr() as u64, self.bounce.handle(&lease).lkey());
-                    if !read {
-                        // SAFETY: `local` is the caller's slice of `len` bytes; the bounce buffer has at least `len`.
-                        unsafe { std::ptr::copy_nonoverlapping(local, base as *mut u8, len) };
-                    }
-                    (lkey, base, Local::Bounce { lease, dst: read.then_some((local, len)) })
-                }
-                None => {
-                    let mr = self.register_per_op(peer, local, len, if read { Access::Local } else { Access::LocalRead })?;
-                    (mr.lkey(), addr, Local::PerOp(mr))
-                }
-            }
-        } else {
-            let mr = self.register_per_op(peer, local, len, if read { Access::Local } else { Access::LocalRead })?;
-            (mr.lkey(), addr, Local::PerOp(mr))
-        };
-        let id = self.ops.start(peer, base, len, lkey, &r, read, self.max_msg, local_kind);
-        self.post_pending()?;
-        Ok(OpStatus::Pending(id))
-    }
-
-    /// Posts queued pieces while the send queues have room; the rest wait for
-    /// the next `poll_ops` (a non-blocking call never waits for the device).
-    fn post_pending(&mut self) -> Result<(), TransportError> {
-        while let Some(pc) = self.ops.pop() {
-            let gone = match self.peers.get(pc.peer as usize) {
-                Some(Some(p)) => p.life.failure().map(str::to_owned),
-                _ => Some("no queue pair toward it".to_owned()),
-            };
-            if let Some(reason) = gone {
-                self.ops.piece_done(pc.op, Some(TransportError::PeerGone { peer: pc.peer, reason }));
-                continue;
-            }
-            if !self.sq_room(pc.peer)? {
-                self.ops.push_front(pc);
-                return Ok(());
-            }
-            let (remote_addr, rkey) = (pc.remote_addr, pc.key as u32);
-            let op = if pc.read { SendOp::Read { remote_addr, rkey } } else { SendOp::Write { remote_addr, rkey } };
-            if let Err(e) = self.post(pc.peer, op, (pc.local, pc.len as u32, pc.desc), false, Inflight::Op(pc.op), true) {
-                // Pieces already posted complete later; the operation reports this error then.
-                self.ops.piece_done(pc.op, Some(e));
-            }
-        }
-        Ok(())
     }
 
     /// A key for `[ptr, ptr+len)`: the owned registration covering it, a bounce
@@ -757,8 +659,8 @@ impl VerbsEndpoint {
         if len == 0 {
             return Ok(RemoteKey { addr, len: 0, key: 0 });
         }
-        if let Some(o) = self.owned_lkey(addr, len) {
-            return Ok(RemoteKey { addr, len: len as u64, key: u64::from(o.rkey) });
+        if let Some((_, rkey)) = self.owned_keys(addr, len) {
+            return Ok(RemoteKey { addr, len: len as u64, key: u64::from(rkey) });
         }
         if len <= self.bounce_max {
             if let Some(lease) = self.lease_bounce()? {
@@ -772,14 +674,109 @@ impl VerbsEndpoint {
                 return Ok(key);
             }
         }
-        let mr = self.register_per_op(self.rank, ptr, len, if writable { Access::RemoteWrite } else { Access::RemoteRead })?;
+        let mr = self.register_per_op(self.st.rank, ptr, len, if writable { Access::RemoteWrite } else { Access::RemoteRead })?;
         let key = RemoteKey { addr, len: len as u64, key: u64::from(mr.rkey()) };
         self.exposed.insert((addr, key.key), Exposure::PerOp(mr));
         Ok(key)
     }
+}
+
+impl Sealed for VerbsEndpoint {}
+
+impl RdmaDevice for VerbsEndpoint {
+    type Peer = Peer;
+    type Local = Local;
+    type Desc = u32;
+
+    fn operations(&mut self) -> &mut Operations {
+        &mut self.ops
+    }
+
+    fn max_piece(&self) -> usize {
+        self.max_msg
+    }
+
+    /// A registered buffer of the core as it is; a small plain slice through
+    /// a bounce buffer; anything else registered for this operation.
+    fn local_side(&mut self, peer: PeerId, local: *mut u8, len: usize, read: bool) -> Result<(u64, u32, Local), TransportError> {
+        let addr = local as u64;
+        if let Some((lkey, _)) = self.owned_keys(addr, len) {
+            return Ok((addr, lkey, Local::Owned));
+        }
+        if len <= self.bounce_max {
+            if let Some(lease) = self.lease_bounce()? {
+                let buf = self.bounce.buf(&lease);
+                let (base, lkey) = (buf.as_ptr() as u64, self.bounce.handle(&lease).lkey());
+                if !read {
+                    // SAFETY: `local` is the caller's slice of `len` bytes; the bounce buffer has at least `len`.
+                    unsafe { std::ptr::copy_nonoverlapping(local, base as *mut u8, len) };
+                }
+                return Ok((base, lkey, Local::Bounce { lease, dst: read.then_some((local, len)) }));
+            }
+        }
+        let mr = self.register_per_op(peer, local, len, if read { Access::Local } else { Access::LocalRead })?;
+        Ok((addr, mr.lkey(), Local::PerOp(mr)))
+    }
+
+    fn post_piece(&mut self, pc: &Piece<u32>) -> Result<Posted, TransportError> {
+        if !self.sq_room(pc.peer)? {
+            return Ok(Posted::Again);
+        }
+        let (remote_addr, rkey) = (pc.remote_addr, pc.key as u32);
+        let op = if pc.read { SendOp::Read { remote_addr, rkey } } else { SendOp::Write { remote_addr, rkey } };
+        self.post(pc.peer, op, (pc.local, pc.len as u32, pc.desc), false, Inflight::Op(pc.op), true)?;
+        Ok(Posted::Yes)
+    }
+
+    fn finish_local(&mut self, _id: u64, local: Local, succeeded: bool) {
+        match local {
+            Local::Bounce { lease, dst } => {
+                if let (Some((dst, len)), true) = (dst, succeeded) {
+                    let src = self.bounce.buf(&lease);
+                    // SAFETY: `dst` is the caller's `local` of a READ, kept
+                    // alive and untouched until this report (Endpoint::read).
+                    unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), dst, len) };
+                }
+                self.bounce.release(lease);
+            }
+            Local::PerOp(mr) => drop(mr),
+            Local::Owned => {}
+        }
+    }
+
+    fn state(&mut self) -> &mut RdmaState<Peer> {
+        &mut self.st
+    }
+
+    fn progress(&mut self) -> Result<(), TransportError> {
+        self.reap_sends().map(drop)
+    }
+
+    /// An inline 8-byte RDMA WRITE of the word into the peer's mailbox, needing no credit.
+    fn return_credits(&mut self, all: bool) -> Result<(), TransportError> {
+        self.st.explicit_due = false;
+        for peer in self.st.owed_returns(all) {
+            if !self.sq_room(peer)? {
+                self.st.explicit_due = true;
+                continue;
+            }
+            let word = self.st.return_word(peer);
+            let p = self.st.peers[peer as usize].as_ref().expect("a peer");
+            let (addr, rkey) = (p.mailbox_addr, p.mailbox_rkey);
+            // The source word stays in registered memory (devices without
+            // inline data read it by DMA); a newer total may overwrite it
+            // before the device reads it, which is as good.
+            let src = &mut self.outbox[8 * peer as usize..][..8];
+            src.copy_from_slice(&word.to_le_bytes());
+            let local = (src.as_ptr() as u64, 8, self.outbox_mr.lkey());
+            let (inline, finalized) = (self.max_inline >= 8, self.st.finalized);
+            self.post(peer, SendOp::Write { remote_addr: addr, rkey }, local, inline, Inflight::Nothing, finalized)?;
+        }
+        Ok(())
+    }
 
     fn probe(&mut self, peer: PeerId) {
-        let Some(Some(p)) = self.peers.get(peer as usize) else { return };
+        let Some(Some(p)) = self.st.peers.get(peer as usize) else { return };
         if !p.life.probe_due() {
             return;
         }
@@ -787,18 +784,22 @@ impl VerbsEndpoint {
         if self.sq_room(peer).unwrap_or(false)
             && self.post(peer, SendOp::Write { remote_addr: addr, rkey }, (0, 0, 0), false, Inflight::Nothing, true).is_ok()
         {
-            self.peers[peer as usize].as_mut().expect("a peer").life.probe_posted();
+            self.st.peers[peer as usize].as_mut().expect("a peer").life.probe_posted();
         }
+    }
+
+    fn words_in_flight(&mut self) -> bool {
+        self.st.peers.iter().flatten().any(|p| p.life.failure().is_none() && !p.inflight.is_empty())
     }
 }
 
 impl Drop for VerbsEndpoint {
     fn drop(&mut self) {
         // Stop the device from touching memory we are about to free.
-        for p in self.peers.iter().flatten() {
+        for p in self.st.peers.iter().flatten() {
             p.qp.set_error();
         }
-        self.peers.clear();
+        self.st.peers.clear();
         for (_, e) in self.exposed.drain() {
             if let Exposure::Bounce { lease, .. } = e {
                 self.bounce.release(lease);
@@ -809,37 +810,25 @@ impl Drop for VerbsEndpoint {
 
 impl Endpoint for VerbsEndpoint {
     fn local_id(&self) -> PeerId {
-        self.rank
+        self.st.rank
     }
 
     fn num_peers(&self) -> u32 {
-        self.size
+        self.st.size
     }
 
     fn max_eager(&self) -> usize {
-        self.slot_bytes - HEADER_BYTES
+        self.st.max_eager()
     }
 
     fn try_send(&mut self, peer: PeerId, header: &MsgHeader, payload: &[u8]) -> Result<SendOutcome, TransportError> {
-        let max = self.max_eager();
-        if payload.len() > max {
-            return Err(TransportError::EagerTooLarge { len: payload.len(), max });
-        }
-        if peer == self.rank {
-            return Ok(self.own.push(header, payload));
-        }
-        let class = Class::of(header.kind);
+        let class = match self.st.admit(peer, header, payload)? {
+            Admit::Answer(outcome) => return Ok(outcome),
+            Admit::Go(class) => class,
+        };
         let len = HEADER_BYTES + payload.len();
         let inline = len <= self.max_inline.min(INLINE_BUF);
         // Resources first, credit last: a credit once taken is always used.
-        if self.peers.alive(peer)?.credits.peek(class) == Gate::Backpressure {
-            self.peers.read_mailbox(&self.mailbox, peer);
-        }
-        match self.peers.alive(peer)?.credits.peek(class) {
-            Gate::Go => {}
-            Gate::Backpressure => return Ok(SendOutcome::Backpressure),
-            Gate::NotAllowed => return Ok(SendOutcome::NotAllowed),
-        }
         if !self.sq_room(peer)? {
             return Ok(SendOutcome::Backpressure);
         }
@@ -857,13 +846,7 @@ impl Endpoint for VerbsEndpoint {
                 }
             }
         };
-        let p = self.peers.alive(peer)?;
-        let gate = p.credits.try_take(class);
-        debug_assert_eq!(gate, Gate::Go);
-        let mut h = *header;
-        (h.credits, h.ctrl_credits) = p.credits.piggyback();
-        let mut hb = [0u8; HEADER_BYTES];
-        h.encode(&mut hb);
+        let hb = self.st.take_credit(peer, class, header)?;
         match lease {
             None => {
                 let mut buf = [0u8; INLINE_BUF];
@@ -883,17 +866,14 @@ impl Endpoint for VerbsEndpoint {
     }
 
     fn credit(&mut self, peer: PeerId) -> SendOutcome {
-        if peer == self.rank {
-            return self.own.credit();
-        }
-        self.peers.credit(&self.mailbox, peer)
+        self.st.credit(peer)
     }
 
     fn poll<F>(&mut self, max: usize, mut sink: F) -> Result<usize, TransportError>
     where
         F: FnMut(PeerId, &MsgHeader, &[u8]),
     {
-        let mut n = self.own.drain(self.rank, max, &mut sink);
+        let mut n = self.st.own.drain(self.st.rank, max, &mut sink);
         let mut wcs = [ffi::ibv_wc::default(); CQ_BATCH];
         while n < max {
             let want = CQ_BATCH.min(max - n);
@@ -906,43 +886,34 @@ impl Endpoint for VerbsEndpoint {
                         return Err(TransportError::Malformed { peer: u32::MAX, what: "receive completion for an unknown queue pair" })
                     }
                 };
-                let addr = self.recv_mr.addr + (slot * self.slot_bytes) as u64;
+                let addr = self.recv_mr.addr + (slot * self.st.slot_bytes) as u64;
                 if let Some((status, vendor)) = wc.error() {
                     if self.debug {
                         eprintln!(
                             "fmx-verbs rank {}: receive completion from peer {peer}: {} (vendor {vendor:#x})",
-                            self.rank,
+                            self.st.rank,
                             status_name(status)
                         );
                     }
-                    if let Some(Some(p)) = self.peers.get_mut(peer as usize) {
+                    if let Some(Some(p)) = self.st.peers.get_mut(peer as usize) {
                         let reason = status_name(status);
                         p.life.mark_dead(format!("device {} reported on receive: {reason}", self.device), reason.starts_with("flushed"));
                     }
                     continue; // the QP is in error: its slot is not reposted
                 }
-                let bytes = &self.recv[slot * self.slot_bytes..][..wc.len()];
-                let h = match MsgHeader::decode(bytes) {
-                    Ok(h) => h,
-                    Err(_) => return Err(TransportError::Malformed { peer, what: "undecodable header in a verbs receive slot" }),
-                };
-                let class = Class::of(h.kind);
-                let p = self.peers[peer as usize].as_mut().expect("a connected peer");
-                p.credits.on_receive(h.credits, h.ctrl_credits);
-                if !matches!(h.kind, MsgKind::Credit | MsgKind::Internal) {
-                    sink(peer, &h, &bytes[HEADER_BYTES..]);
-                }
+                let bytes = &self.recv[slot * self.st.slot_bytes..][..wc.len()];
+                let class = self.st.deliver(peer, bytes, "undecodable header in a verbs receive slot", &mut sink)?;
+                let p = self.st.peers[peer as usize].as_mut().expect("a connected peer");
                 // Repost before returning the credit: the slot is free again only once posted.
                 // SAFETY: the slot lies in the registered receive region the endpoint owns.
                 let posted = unsafe {
                     match &self.srq {
-                        Some(srq) => srq.post_recv(slot as u64, addr, self.slot_bytes as u32, self.recv_mr.lkey()),
-                        None => p.qp.post_recv(slot as u64, addr, self.slot_bytes as u32, self.recv_mr.lkey()),
+                        Some(srq) => srq.post_recv(slot as u64, addr, self.st.slot_bytes as u32, self.recv_mr.lkey()),
+                        None => p.qp.post_recv(slot as u64, addr, self.st.slot_bytes as u32, self.recv_mr.lkey()),
                     }
                 };
                 posted.map_err(|source| TransportError::Io { op: "repost a receive slot", peer, source })?;
-                p.credits.on_release(class);
-                self.explicit_due = true;
+                self.st.released(peer, class);
                 n += 1;
             }
             if got < want {
@@ -950,7 +921,7 @@ impl Endpoint for VerbsEndpoint {
             }
         }
         self.reap_sends()?;
-        if self.explicit_due {
+        if self.st.explicit_due {
             self.return_credits(false)?;
         }
         Ok(n)
@@ -982,74 +953,38 @@ impl Endpoint for VerbsEndpoint {
     }
 
     unsafe fn read(&mut self, peer: PeerId, remote: &RemoteKey, local: &mut [u8]) -> Result<OpStatus, TransportError> {
-        self.one_sided(peer, remote, local.as_mut_ptr(), local.len(), true)
+        self.shared_one_sided(peer, remote, local.as_mut_ptr(), local.len(), true)
     }
 
     unsafe fn write(&mut self, peer: PeerId, local: &[u8], remote: &RemoteKey) -> Result<OpStatus, TransportError> {
         // A WRITE only reads `local`; the pointer is not written through.
-        self.one_sided(peer, remote, local.as_ptr().cast_mut(), local.len(), false)
+        self.shared_one_sided(peer, remote, local.as_ptr().cast_mut(), local.len(), false)
     }
 
-    fn poll_ops<F>(&mut self, mut done: F) -> Result<usize, TransportError>
+    fn poll_ops<F>(&mut self, done: F) -> Result<usize, TransportError>
     where
         F: FnMut(u64, Result<(), TransportError>),
     {
-        self.reap_sends()?;
-        self.post_pending()?;
-        let finished = self.ops.take_done();
-        let n = finished.len();
-        for f in finished {
-            match f.local {
-                Local::Bounce { lease, dst } => {
-                    if let (Some((dst, len)), Ok(())) = (dst, &f.result) {
-                        let src = self.bounce.buf(&lease);
-                        // SAFETY: `dst` is the caller's `local` of a READ, kept
-                        // alive and untouched until this report (Endpoint::read).
-                        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), dst, len) };
-                    }
-                    self.bounce.release(lease);
-                }
-                Local::PerOp(mr) => drop(mr),
-                Local::Owned => {}
-            }
-            done(f.id, f.result);
-        }
-        Ok(n)
+        self.shared_poll_ops(done)
     }
 
     fn peer_state(&mut self, peer: PeerId) -> PeerState {
-        if peer == self.rank {
-            return if self.finalized { PeerState::Finalized } else { PeerState::Alive };
-        }
-        if peer >= self.size {
-            return PeerState::Dead;
-        }
-        let _ = self.reap_sends(); // completions may tell that it is gone
-        if let Some(state) = self.peers.departed(&self.mailbox, peer) {
-            return state;
-        }
-        self.probe(peer); // another host: a failed probe marks it dead
-        PeerState::Alive
+        self.shared_peer_state(peer)
     }
 
     fn reallocate_credits(&mut self) -> Result<(), TransportError> {
-        if self.reallocated {
-            return Ok(());
-        }
-        self.reallocated = true;
-        self.peers.reallocate(&self.credit);
-        self.return_credits(true)
+        self.shared_reallocate_credits()
     }
 
     fn receive_memory(&self) -> ReceiveMemory {
-        ReceiveMemory::fixed(&self.credit, self.size.saturating_sub(1), self.slot_bytes, OWN_SLOTS)
+        self.st.receive_memory()
     }
 
     fn register_owned(&mut self, region: &[u8]) -> Result<(), TransportError> {
         if region.is_empty() {
             return Ok(());
         }
-        self.registrations.fetch_add(1, Ordering::Relaxed);
+        self.st.count_registration();
         let mr = Mr::register(&self.pd, region.as_ptr(), region.len(), Access::Remote)
             .map_err(|e| TransportError::Setup { what: format!("register a buffer of {} bytes", region.len()), source: e })?;
         self.registry.insert(mr);
@@ -1061,21 +996,10 @@ impl Endpoint for VerbsEndpoint {
     }
 
     fn registration_stats(&self) -> RegistrationStats {
-        RegistrationStats { registrations: self.registrations.load(Ordering::Relaxed), ..self.stats }
+        self.st.registration_stats()
     }
 
     fn finalize(&mut self) -> Result<(), TransportError> {
-        if self.finalized {
-            return Ok(());
-        }
-        self.finalized = true;
-        self.return_credits(true)?;
-        // Wait (bounded) until the finalize words have left: after exit the QPs are gone.
-        let deadline = Instant::now() + Duration::from_secs(2);
-        while self.peers.iter().flatten().any(|p| p.life.failure().is_none() && !p.inflight.is_empty()) && Instant::now() < deadline {
-            self.reap_sends()?;
-            std::thread::yield_now();
-        }
-        Ok(())
+        self.shared_finalize()
     }
 }

@@ -29,7 +29,6 @@ mod address;
 pub mod device;
 pub mod endpoint;
 pub mod probe;
-mod registry;
 mod sys;
 
 pub use device::{choose, device_for_rank, Chosen};

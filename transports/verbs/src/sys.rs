@@ -170,7 +170,7 @@ impl Access {
 
 /// A registered memory region. It pins the pages; it does not own them: the
 /// code that posts work requests naming it keeps the memory alive.
-pub(crate) struct Mr {
+pub struct Mr {
     mr: NonNull<ffi::ibv_mr>,
     _pd: Arc<Pd>,
     pub(crate) addr: u64,
@@ -204,8 +204,13 @@ impl Mr {
         unsafe { self.mr.as_ref().rkey }
     }
 
-    /// Whether `[addr, addr+len)` lies inside this region.
-    pub(crate) fn covers(&self, addr: u64, len: usize) -> bool {
+}
+
+impl fmx_transport::rdma::Region for Mr {
+    fn start(&self) -> u64 {
+        self.addr
+    }
+    fn covers(&self, addr: u64, len: usize) -> bool {
         addr >= self.addr && addr + len as u64 <= self.addr + self.len as u64
     }
 }

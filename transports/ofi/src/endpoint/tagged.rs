@@ -80,9 +80,9 @@ fn field(m: &[u8], i: usize) -> u64 {
 impl OfiEndpoint {
     /// Sends a control message; `Again` when the provider has no room now.
     fn ctrl(&mut self, peer: PeerId, msg: &[u8; CTRL_BYTES]) -> Result<Posted, TransportError> {
-        let dest = self.peers.alive(peer)?.addr;
+        let dest = self.st.peers.alive(peer)?.addr;
         // SAFETY: fi_tinject copies the message before it returns.
-        let rc = unsafe { sys::fmx_fi_tinject(self.fabric.ep(), msg.as_ptr().cast(), CTRL_BYTES, dest, CTRL | u64::from(self.rank)) };
+        let rc = unsafe { sys::fmx_fi_tinject(self.fabric.ep(), msg.as_ptr().cast(), CTRL_BYTES, dest, CTRL | u64::from(self.st.rank)) };
         posted(rc).map_err(|rc| TransportError::PeerGone {
             peer,
             reason: format!("libfabric provider {} refused a control message: {}", self.provider, crate::fabric::strerror(rc)),
@@ -127,7 +127,7 @@ impl OfiEndpoint {
         }
         match self.post_ctrl_recv(i) {
             Ok(Posted::Again) if self.debug => {
-                eprintln!("fmx-ofi rank {}: control receive {i} not reposted", self.rank);
+                eprintln!("fmx-ofi rank {}: control receive {i} not reposted", self.st.rank);
                 Ok(())
             }
             Ok(_) => Ok(()), // Again: the pool is one buffer smaller until the endpoint closes (rare, harmless)
@@ -136,8 +136,8 @@ impl OfiEndpoint {
     }
 
     fn store_mailbox(&mut self, peer: PeerId, word: u64) {
-        if (peer as usize) < self.size as usize {
-            self.mailbox[8 * peer as usize..][..8].copy_from_slice(&word.to_le_bytes());
+        if (peer as usize) < self.st.size as usize {
+            self.st.mailbox[8 * peer as usize..][..8].copy_from_slice(&word.to_le_bytes());
         }
     }
 
@@ -150,7 +150,7 @@ impl OfiEndpoint {
     fn serve_get(&mut self, peer: PeerId, addr: u64, len: u64, key: u64, id: u64) -> Result<(), TransportError> {
         let Some((ptr, desc)) = self.exposure_range(key, addr, len, false) else {
             if self.debug {
-                eprintln!("fmx-ofi rank {}: GET from {peer} for key {key} outside what is exposed", self.rank);
+                eprintln!("fmx-ofi rank {}: GET from {peer} for key {key} outside what is exposed", self.st.rank);
             }
             let _ = self.ctrl(peer, &encode(NACK, id, 0, 0, 0))?;
             return Ok(());
@@ -179,7 +179,7 @@ impl OfiEndpoint {
                 Deferred::Serve { peer, .. } => (*peer, Tx::Serve(*peer)),
                 Deferred::Sink { peer, key, .. } => (*peer, Tx::Sink(*peer, *key)),
             };
-            let Ok(dest) = self.peers.alive(peer).map(|p| p.addr) else {
+            let Ok(dest) = self.st.peers.alive(peer).map(|p| p.addr) else {
                 if let Deferred::Sink { key, .. } = d {
                     self.sink_done(key); // the writer is gone: nothing will land
                 }
@@ -201,7 +201,7 @@ impl OfiEndpoint {
                         len,
                         desc as *mut c_void,
                         dest,
-                        data_tag(false, self.rank, id),
+                        data_tag(false, self.st.rank, id),
                         self.ctx_ptr(ctx),
                     ),
                     Deferred::Sink { ptr, len, desc, id, .. } => sys::fmx_fi_trecv(
@@ -316,7 +316,7 @@ impl OfiEndpoint {
                     pc.len,
                     pc.desc,
                     dest,
-                    data_tag(true, self.rank, id),
+                    data_tag(true, self.st.rank, id),
                     self.ctx_ptr(ctx),
                 )
             };
@@ -331,10 +331,10 @@ impl OfiEndpoint {
     /// Exposes a buffer for GET/PUT: a local descriptor where the provider needs one.
     pub(super) fn expose_emulated(&mut self, ptr: *mut u8, len: usize, writable: bool) -> Result<RemoteKey, TransportError> {
         let addr = ptr as u64;
-        let (desc, mr) = match self.owned(addr, len).map(|m| m.desc) {
+        let (desc, mr) = match self.registry.find(addr, len).map(|m| m.desc) {
             Some(d) => (d, None),
             None if self.fabric.mr_mode.local => {
-                let mr = self.register_per_op(self.rank, ptr, len.max(1), u64::from(sys::FI_SEND | sys::FI_RECV))?;
+                let mr = self.register_per_op(self.st.rank, ptr, len.max(1), u64::from(sys::FI_SEND | sys::FI_RECV))?;
                 (mr.desc, Some(mr))
             }
             None => (ptr::null_mut(), None),
