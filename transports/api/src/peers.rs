@@ -21,6 +21,33 @@ pub trait RdmaPeer {
     fn life_mut(&mut self) -> &mut PeerLife;
 }
 
+/// A peer of an RDMA endpoint: what every device keeps of it, and the
+/// device's own way to reach it (`link`: a queue pair, an address).
+pub struct Peer<L> {
+    /// FM's credits toward the peer.
+    pub credits: PeerCredits,
+    /// Whether it lives.
+    pub life: PeerLife,
+    /// Where our credit returns go: the address of our word in its mailbox.
+    pub mailbox_addr: u64,
+    /// The key of its mailbox (an rkey, a `fi_mr_key`).
+    pub mailbox_key: u64,
+    /// The device's part.
+    pub link: L,
+}
+
+impl<L> RdmaPeer for Peer<L> {
+    fn credits(&mut self) -> &mut PeerCredits {
+        &mut self.credits
+    }
+    fn life(&self) -> &PeerLife {
+        &self.life
+    }
+    fn life_mut(&mut self) -> &mut PeerLife {
+        &mut self.life
+    }
+}
+
 /// The peers of one endpoint, by index; `None` for ourselves. Derefs to the
 /// vector, so that a transport reaches its own fields as before.
 pub struct PeerList<P> {
@@ -106,26 +133,14 @@ impl<P: RdmaPeer> PeerList<P> {
 mod tests {
     use super::*;
 
-    struct P {
-        credits: PeerCredits,
-        life: PeerLife,
-    }
-
-    impl RdmaPeer for P {
-        fn credits(&mut self) -> &mut PeerCredits {
-            &mut self.credits
-        }
-        fn life(&self) -> &PeerLife {
-            &self.life
-        }
-        fn life_mut(&mut self) -> &mut PeerLife {
-            &mut self.life
-        }
-    }
+    type P = Peer<()>;
 
     fn list(cfg: &CreditConfig) -> PeerList<P> {
         let host = crate::liveness::host_identity();
-        let peer = |lower| Some(P { credits: PeerCredits::new(cfg, lower), life: PeerLife::new(std::process::id(), &host, &host) });
+        let peer = |lower| {
+            let life = PeerLife::new(std::process::id(), &host, &host);
+            Some(P { credits: PeerCredits::new(cfg, lower), life, mailbox_addr: 0, mailbox_key: 0, link: () })
+        };
         PeerList::new(vec![None, peer(true), peer(false)])
     }
 

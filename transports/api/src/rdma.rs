@@ -25,9 +25,10 @@ use memmap2::MmapMut;
 use crate::credit::{Class, CreditConfig, Gate};
 use crate::ops::{Operations, Piece};
 use crate::own::{OwnQueue, OWN_SLOTS};
-use crate::peers::{PeerList, RdmaPeer};
+use crate::peers::{Peer, PeerList, RdmaPeer};
 use crate::{
-    MsgHeader, MsgKind, OpStatus, PeerId, PeerState, ReceiveMemory, RegistrationStats, RemoteKey, SendOutcome, TransportError, HEADER_BYTES,
+    Endpoint, MsgHeader, MsgKind, OpStatus, PeerId, PeerState, ReceiveMemory, RegistrationStats, RemoteKey, SendOutcome, TransportError,
+    HEADER_BYTES,
 };
 
 /// Default eager pool per process, in receive slots (`P`), shared by all peers.
@@ -46,10 +47,21 @@ const FINALIZE_WAIT: Duration = Duration::from_secs(2);
 pub mod sealed {
     /// Only fmx's RDMA transports implement [`super::RdmaDevice`].
     pub trait Sealed {}
+
+    /// Proof that a call comes from the core: only this crate makes one, so
+    /// only the shared core calls a device's methods (which hold raw memory
+    /// and in-flight state that safe code outside must not reach).
+    #[derive(Clone, Copy)]
+    pub struct Core(pub(super) ());
 }
 
-/// What every RDMA endpoint keeps alike.
-pub struct RdmaState<P> {
+use sealed::Core;
+
+/// The token the core passes to the device.
+const CORE: Core = Core(());
+
+/// What every RDMA endpoint keeps alike; `L` is the device's part of a peer.
+pub struct RdmaState<L> {
     /// Our index.
     pub rank: u32,
     /// Processes in the job.
@@ -59,7 +71,7 @@ pub struct RdmaState<P> {
     /// The eager pool's shape (FM's credits).
     pub credit: CreditConfig,
     /// Every peer but ourselves.
-    pub peers: PeerList<P>,
+    pub peers: PeerList<Peer<L>>,
     /// Messages to ourselves.
     pub own: OwnQueue,
     /// Some peer is owed an explicit credit return.
@@ -87,7 +99,7 @@ pub enum Admit {
     Go(Class),
 }
 
-impl<P: RdmaPeer> RdmaState<P> {
+impl<L> RdmaState<L> {
     /// The largest eager payload.
     pub fn max_eager(&self) -> usize {
         self.slot_bytes - HEADER_BYTES
@@ -280,8 +292,8 @@ impl<M: Region> Registry<M> {
 
 /// What only the device can do; the rest of an RDMA endpoint is shared.
 pub trait RdmaDevice: sealed::Sealed {
-    /// The device's per-peer record.
-    type Peer: RdmaPeer;
+    /// The device's part of a peer (a queue pair, an address).
+    type Link;
     /// What the device keeps for the local side of a one-sided operation
     /// until its report (a registration for the operation, a bounce buffer).
     type Local;
@@ -289,10 +301,51 @@ pub trait RdmaDevice: sealed::Sealed {
     type Desc: Copy;
 
     /// The shared state.
-    fn state(&mut self) -> &mut RdmaState<Self::Peer>;
+    fn state(&self) -> &RdmaState<Self::Link>;
+
+    /// The shared state, to change.
+    fn state_mut(&mut self, _: Core) -> &mut RdmaState<Self::Link>;
+
+    /// Sends the encoded header and `payload` to `peer`, whose credit the core
+    /// has taken (and gives back unless this answers `Sent`): `Backpressure`
+    /// when the device has no room for now.
+    fn send_eager(&mut self, _: Core, peer: PeerId, header: &[u8; HEADER_BYTES], payload: &[u8]) -> Result<SendOutcome, TransportError>;
+
+    /// Reads completions of every kind, hands up to `max` received messages
+    /// to `sink` through [`RdmaState::deliver`], and reposts their slots
+    /// ([`RdmaState::released`]). Returns how many it handed.
+    fn receive<F>(&mut self, _: Core, max: usize, sink: &mut F) -> Result<usize, TransportError>
+    where
+        F: FnMut(PeerId, &MsgHeader, &[u8]);
+
+    /// A key through which peers read (or, when `writable`, write) `[ptr, ptr+len)`.
+    fn expose_region(&mut self, _: Core, ptr: *mut u8, len: usize, writable: bool) -> Result<RemoteKey, TransportError>;
+
+    /// Ends the exposure behind `key` (copying a bounce buffer peers wrote into).
+    fn end_exposure(&mut self, _: Core, key: &RemoteKey);
+
+    /// `Endpoint::abandon`: the device cannot end its operations by itself unless it says so.
+    fn abandon_operations(&mut self, _: Core, why: &str) -> bool {
+        let _ = why;
+        false
+    }
+
+    /// `Endpoint::split_rendezvous`.
+    fn splits_rendezvous(&self) -> bool {
+        true
+    }
+
+    /// `Endpoint::large_message_path`.
+    fn large_path(&self) -> String;
+
+    /// `Endpoint::register_owned`.
+    fn register_buffer(&mut self, _: Core, region: &[u8]) -> Result<(), TransportError>;
+
+    /// `Endpoint::deregister_owned`.
+    fn deregister_buffer(&mut self, _: Core, region: &[u8]);
 
     /// The one-sided operations in flight.
-    fn operations(&mut self) -> &mut Operations<Self::Local, Self::Desc>;
+    fn operations(&mut self, _: Core) -> &mut Operations<Self::Local, Self::Desc>;
 
     /// The largest piece posted as one operation.
     fn max_piece(&self) -> usize;
@@ -301,143 +354,278 @@ pub trait RdmaDevice: sealed::Sealed {
     /// the address the device moves from or to (the buffer itself, or a
     /// bounce buffer, filled now for a write), its descriptor, and what to
     /// keep until the report.
-    fn local_side(&mut self, peer: PeerId, local: *mut u8, len: usize, read: bool) -> Result<(u64, Self::Desc, Self::Local), TransportError>;
+    fn local_side(
+        &mut self,
+        _: Core,
+        peer: PeerId,
+        local: *mut u8,
+        len: usize,
+        read: bool,
+    ) -> Result<(u64, Self::Desc, Self::Local), TransportError>;
 
     /// Posts one piece. An error fails the piece's operation.
-    fn post_piece(&mut self, piece: &Piece<Self::Desc>) -> Result<Posted, TransportError>;
+    fn post_piece(&mut self, _: Core, piece: &Piece<Self::Desc>) -> Result<Posted, TransportError>;
 
     /// Ends the local side of a finished operation: copies a bounce buffer
     /// into the user's buffer when a read succeeded, drops a registration.
-    fn finish_local(&mut self, id: u64, local: Self::Local, succeeded: bool);
+    fn finish_local(&mut self, _: Core, id: u64, local: Self::Local, succeeded: bool);
 
     /// Work the device queued itself and retries before new pieces (the
     /// emulated operations of a libfabric provider without RMA).
-    fn before_posting(&mut self) -> Result<(), TransportError> {
+    fn before_posting(&mut self, _: Core) -> Result<(), TransportError> {
         Ok(())
     }
 
     /// Reads the send side's completions: frees what they held, marks peers
     /// whose operations failed dead.
-    fn progress(&mut self) -> Result<(), TransportError>;
+    fn progress(&mut self, _: Core) -> Result<(), TransportError>;
 
     /// Writes our credit word into the mailbox of every owed peer (every
     /// live one when `all`); sets `explicit_due` for those the device has no
     /// room for now.
-    fn return_credits(&mut self, all: bool) -> Result<(), TransportError>;
+    fn return_credits(&mut self, _: Core, all: bool) -> Result<(), TransportError>;
 
     /// Probes `peer` when due (a read or write of its mailbox): a peer on
     /// another host is known dead only when an operation toward it fails.
-    fn probe(&mut self, peer: PeerId);
+    fn probe(&mut self, _: Core, peer: PeerId);
 
     /// Whether a credit word toward a live peer has not left yet.
-    fn words_in_flight(&mut self) -> bool;
+    fn words_in_flight(&mut self, _: Core) -> bool;
+}
 
-    /// `Endpoint::peer_state`.
-    fn shared_peer_state(&mut self, peer: PeerId) -> PeerState {
-        let st = self.state();
-        if peer == st.rank {
-            return if st.finalized { PeerState::Finalized } else { PeerState::Alive };
-        }
-        if peer >= st.size {
-            return PeerState::Dead;
-        }
-        let _ = self.progress(); // completions may tell that it is gone
-        let st = self.state();
-        if let Some(state) = st.peers.departed(&st.mailbox, peer) {
-            return state;
-        }
-        self.probe(peer); // another host: a failed probe marks it dead
-        PeerState::Alive
+/// `Endpoint::peer_state`.
+fn shared_peer_state<D: RdmaDevice>(d: &mut D, peer: PeerId) -> PeerState {
+    let st = d.state_mut(CORE);
+    if peer == st.rank {
+        return if st.finalized { PeerState::Finalized } else { PeerState::Alive };
     }
-
-    /// `Endpoint::reallocate_credits`: once, every peer gets its share.
-    fn shared_reallocate_credits(&mut self) -> Result<(), TransportError> {
-        let st = self.state();
-        if st.reallocated {
-            return Ok(());
-        }
-        st.reallocated = true;
-        let credit = st.credit.clone();
-        st.peers.reallocate(&credit);
-        self.return_credits(true)
+    if peer >= st.size {
+        return PeerState::Dead;
     }
+    let _ = d.progress(CORE); // completions may tell that it is gone
+    let st = d.state_mut(CORE);
+    if let Some(state) = st.peers.departed(&st.mailbox, peer) {
+        return state;
+    }
+    d.probe(CORE, peer); // another host: a failed probe marks it dead
+    PeerState::Alive
+}
 
-    /// `Endpoint::finalize`: tells every peer, through its mailbox word, and
-    /// waits (bounded) until those words have left, since after our exit
-    /// the device would not send them.
-    fn shared_finalize(&mut self) -> Result<(), TransportError> {
-        if self.state().finalized {
-            return Ok(());
+/// `Endpoint::reallocate_credits`: once, every peer gets its share.
+fn shared_reallocate_credits<D: RdmaDevice>(d: &mut D) -> Result<(), TransportError> {
+    let st = d.state_mut(CORE);
+    if st.reallocated {
+        return Ok(());
+    }
+    st.reallocated = true;
+    let credit = st.credit;
+    st.peers.reallocate(&credit);
+    d.return_credits(CORE, true)
+}
+
+/// `Endpoint::finalize`: tells every peer, through its mailbox word, and
+/// waits (bounded) until those words have left, since after our exit
+/// the device would not send them.
+fn shared_finalize<D: RdmaDevice>(d: &mut D) -> Result<(), TransportError> {
+    if d.state_mut(CORE).finalized {
+        return Ok(());
+    }
+    d.state_mut(CORE).finalized = true;
+    let deadline = Instant::now() + FINALIZE_WAIT;
+    loop {
+        d.progress(CORE)?;
+        d.return_credits(CORE, true)?;
+        if !d.state_mut(CORE).explicit_due || Instant::now() >= deadline {
+            break;
         }
-        self.state().finalized = true;
-        let deadline = Instant::now() + FINALIZE_WAIT;
-        loop {
-            self.progress()?;
-            self.return_credits(true)?;
-            if !self.state().explicit_due || Instant::now() >= deadline {
-                break;
+        std::thread::yield_now();
+    }
+    while d.words_in_flight(CORE) && Instant::now() < deadline {
+        d.progress(CORE)?;
+        std::thread::yield_now();
+    }
+    Ok(())
+}
+
+/// Starts a one-sided operation in pieces of at most [`RdmaDevice::max_piece`];
+/// the pieces the device has no room for wait (never spinning) for the
+/// next `Endpoint::poll_ops`.
+fn shared_one_sided<D: RdmaDevice>(
+    d: &mut D,
+    peer: PeerId,
+    remote: &RemoteKey,
+    local: *mut u8,
+    len: usize,
+    read: bool,
+) -> Result<OpStatus, TransportError> {
+    let remote = remote.slice(peer, 0, len as u64)?;
+    d.state_mut(CORE).peers.alive(peer)?;
+    if len == 0 {
+        return Ok(OpStatus::Done);
+    }
+    let (base, desc, keep) = d.local_side(CORE, peer, local, len, read)?;
+    let piece = d.max_piece();
+    let id = d.operations(CORE).start(peer, base, len, desc, &remote, read, piece, keep);
+    shared_post_pending(d)?;
+    Ok(OpStatus::Pending(id))
+}
+
+/// Posts queued pieces while the device takes them; a piece toward a
+/// peer that is gone fails at once.
+fn shared_post_pending<D: RdmaDevice>(d: &mut D) -> Result<(), TransportError> {
+    d.before_posting(CORE)?;
+    while let Some(pc) = d.operations(CORE).pop() {
+        if let Some(reason) = d.state_mut(CORE).gone(pc.peer) {
+            d.operations(CORE).piece_done(pc.op, Some(TransportError::PeerGone { peer: pc.peer, reason }));
+            continue;
+        }
+        match d.post_piece(CORE, &pc) {
+            Ok(Posted::Yes) => {}
+            Ok(Posted::Again) => {
+                d.operations(CORE).push_front(pc);
+                return Ok(());
             }
-            std::thread::yield_now();
+            // Pieces already posted complete later; the operation reports this error then.
+            Err(e) => d.operations(CORE).piece_done(pc.op, Some(e)),
         }
-        while self.words_in_flight() && Instant::now() < deadline {
-            self.progress()?;
-            std::thread::yield_now();
-        }
-        Ok(())
+    }
+    Ok(())
+}
+
+/// `Endpoint::poll_ops`: reads completions, posts what waits, and reports
+/// every finished operation once its local side is ended.
+fn shared_poll_ops<D: RdmaDevice, F>(d: &mut D, mut done: F) -> Result<usize, TransportError>
+where
+    F: FnMut(u64, Result<(), TransportError>),
+{
+    d.progress(CORE)?;
+    shared_post_pending(d)?;
+    let finished = d.operations(CORE).take_done();
+    let n = finished.len();
+    for f in finished {
+        d.finish_local(CORE, f.id, f.local, f.result.is_ok());
+        done(f.id, f.result);
+    }
+    Ok(n)
+}
+
+/// The endpoint every RDMA device is: the shared core with the device's parts.
+impl<D: RdmaDevice + Send> Endpoint for D {
+    fn local_id(&self) -> PeerId {
+        self.state().rank
     }
 
-    /// Starts a one-sided operation in pieces of at most [`RdmaDevice::max_piece`];
-    /// the pieces the device has no room for wait (never spinning) for the
-    /// next [`RdmaDevice::shared_poll_ops`].
-    fn shared_one_sided(&mut self, peer: PeerId, remote: &RemoteKey, local: *mut u8, len: usize, read: bool) -> Result<OpStatus, TransportError> {
-        let remote = remote.slice(peer, 0, len as u64)?;
-        self.state().peers.alive(peer)?;
-        if len == 0 {
-            return Ok(OpStatus::Done);
-        }
-        let (base, desc, keep) = self.local_side(peer, local, len, read)?;
-        let piece = self.max_piece();
-        let id = self.operations().start(peer, base, len, desc, &remote, read, piece, keep);
-        self.shared_post_pending()?;
-        Ok(OpStatus::Pending(id))
+    fn num_peers(&self) -> u32 {
+        self.state().size
     }
 
-    /// Posts queued pieces while the device takes them; a piece toward a
-    /// peer that is gone fails at once.
-    fn shared_post_pending(&mut self) -> Result<(), TransportError> {
-        self.before_posting()?;
-        while let Some(pc) = self.operations().pop() {
-            if let Some(reason) = self.state().gone(pc.peer) {
-                self.operations().piece_done(pc.op, Some(TransportError::PeerGone { peer: pc.peer, reason }));
-                continue;
+    fn max_eager(&self) -> usize {
+        self.state().max_eager()
+    }
+
+    fn try_send(&mut self, peer: PeerId, header: &MsgHeader, payload: &[u8]) -> Result<SendOutcome, TransportError> {
+        let st = self.state_mut(CORE);
+        let class = match st.admit(peer, header, payload)? {
+            Admit::Answer(outcome) => return Ok(outcome),
+            Admit::Go(class) => class,
+        };
+        // The credit and the piggybacked returns count only if the send goes out.
+        let saved = st.peers.alive(peer)?.credits.clone();
+        let wire = st.take_credit(peer, class, header)?;
+        let out = self.send_eager(CORE, peer, &wire, payload);
+        if !matches!(out, Ok(SendOutcome::Sent)) {
+            if let Some(Some(p)) = self.state_mut(CORE).peers.get_mut(peer as usize) {
+                p.credits = saved;
             }
-            match self.post_piece(&pc) {
-                Ok(Posted::Yes) => {}
-                Ok(Posted::Again) => {
-                    self.operations().push_front(pc);
-                    return Ok(());
-                }
-                // Pieces already posted complete later; the operation reports this error then.
-                Err(e) => self.operations().piece_done(pc.op, Some(e)),
-            }
         }
-        Ok(())
+        out
     }
 
-    /// `Endpoint::poll_ops`: reads completions, posts what waits, and reports
-    /// every finished operation once its local side is ended.
-    fn shared_poll_ops<F>(&mut self, mut done: F) -> Result<usize, TransportError>
+    fn credit(&mut self, peer: PeerId) -> SendOutcome {
+        self.state_mut(CORE).credit(peer)
+    }
+
+    fn poll<F>(&mut self, max: usize, mut sink: F) -> Result<usize, TransportError>
+    where
+        F: FnMut(PeerId, &MsgHeader, &[u8]),
+    {
+        let st = self.state_mut(CORE);
+        let rank = st.rank;
+        let mut n = st.own.drain(rank, max, &mut sink);
+        n += self.receive(CORE, max - n, &mut sink)?;
+        shared_post_pending(self)?;
+        if self.state().explicit_due {
+            self.return_credits(CORE, false)?;
+        }
+        Ok(n)
+    }
+
+    unsafe fn expose(&mut self, buf: &[u8]) -> Result<RemoteKey, TransportError> {
+        // Not writable: the region is only read through this pointer.
+        self.expose_region(CORE, buf.as_ptr().cast_mut(), buf.len(), false)
+    }
+
+    unsafe fn expose_mut(&mut self, buf: &mut [u8]) -> Result<RemoteKey, TransportError> {
+        self.expose_region(CORE, buf.as_mut_ptr(), buf.len(), true)
+    }
+
+    fn revoke(&mut self, key: &RemoteKey) {
+        self.end_exposure(CORE, key);
+    }
+
+    unsafe fn read(&mut self, peer: PeerId, remote: &RemoteKey, local: &mut [u8]) -> Result<OpStatus, TransportError> {
+        shared_one_sided(self, peer, remote, local.as_mut_ptr(), local.len(), true)
+    }
+
+    unsafe fn write(&mut self, peer: PeerId, local: &[u8], remote: &RemoteKey) -> Result<OpStatus, TransportError> {
+        // A write only reads `local`; the pointer is not written through.
+        shared_one_sided(self, peer, remote, local.as_ptr().cast_mut(), local.len(), false)
+    }
+
+    fn abandon(&mut self, why: &str) -> bool {
+        self.abandon_operations(CORE, why)
+    }
+
+    fn poll_ops<F>(&mut self, done: F) -> Result<usize, TransportError>
     where
         F: FnMut(u64, Result<(), TransportError>),
     {
-        self.progress()?;
-        self.shared_post_pending()?;
-        let finished = self.operations().take_done();
-        let n = finished.len();
-        for f in finished {
-            self.finish_local(f.id, f.local, f.result.is_ok());
-            done(f.id, f.result);
-        }
-        Ok(n)
+        shared_poll_ops(self, done)
+    }
+
+    fn peer_state(&mut self, peer: PeerId) -> PeerState {
+        shared_peer_state(self, peer)
+    }
+
+    fn reallocate_credits(&mut self) -> Result<(), TransportError> {
+        shared_reallocate_credits(self)
+    }
+
+    fn receive_memory(&self) -> ReceiveMemory {
+        self.state().receive_memory()
+    }
+
+    fn split_rendezvous(&self) -> bool {
+        self.splits_rendezvous()
+    }
+
+    fn large_message_path(&self) -> String {
+        self.large_path()
+    }
+
+    fn register_owned(&mut self, region: &[u8]) -> Result<(), TransportError> {
+        self.register_buffer(CORE, region)
+    }
+
+    fn deregister_owned(&mut self, region: &[u8]) {
+        self.deregister_buffer(CORE, region);
+    }
+
+    fn registration_stats(&self) -> RegistrationStats {
+        self.state().registration_stats()
+    }
+
+    fn finalize(&mut self) -> Result<(), TransportError> {
+        shared_finalize(self)
     }
 }

@@ -423,7 +423,6 @@ impl fmx_transport::rdma::Region for Mr {
 }
 
 impl Mr {
-
     /// The address a peer uses for our `addr`.
     pub fn remote_addr(&self, addr: u64) -> u64 {
         self.remote_base + (addr - self.base)

@@ -11,14 +11,14 @@ use std::time::Duration;
 use fmx_transport::credit::{CreditConfig, PeerCredits};
 use fmx_transport::liveness::PeerLife;
 use fmx_transport::own::OwnQueue;
-use fmx_transport::peers::{PeerList, RdmaPeer};
-use fmx_transport::rdma::{sealed::Sealed, Admit, Posted, RdmaDevice, RdmaState, Registry};
+use fmx_transport::peers::{Peer, PeerList};
 use fmx_transport::pool::{HugePages, Lease, Pool, PoolConfig, RegistrationHook};
-use fmx_transport::settings::{env_limited, env_number as env_num, limits};
-use fmx_transport::{
-    Endpoint, MsgHeader, OpStatus, PeerId, PeerState, ReceiveMemory, RegistrationStats, RemoteKey, SendOutcome, TransportError,
-    HEADER_BYTES,
+use fmx_transport::rdma::{
+    sealed::{Core, Sealed},
+    Posted, RdmaDevice, RdmaState, Registry,
 };
+use fmx_transport::settings::{env_limited, env_number as env_num, limits};
+use fmx_transport::{MsgHeader, PeerId, RegistrationStats, RemoteKey, SendOutcome, TransportError, HEADER_BYTES};
 use memmap2::MmapMut;
 
 use crate::address::Address;
@@ -152,29 +152,13 @@ enum Exposure {
     },
 }
 
-impl RdmaPeer for Peer {
-    fn credits(&mut self) -> &mut PeerCredits {
-        &mut self.credits
-    }
-    fn life(&self) -> &PeerLife {
-        &self.life
-    }
-    fn life_mut(&mut self) -> &mut PeerLife {
-        &mut self.life
-    }
-}
-
-/// A peer as the verbs endpoint keeps it: its queue pair, credits and work requests in flight.
-pub struct Peer {
+/// How the verbs endpoint reaches a peer: its queue pair and the work requests in flight on it.
+pub struct Link {
     qp: Qp,
-    credits: PeerCredits,
     /// Next work-request sequence number; unsignaled requests complete with the next signaled one.
     seq: u64,
     inflight: VecDeque<(u64, Inflight)>,
     unsignaled: u32,
-    mailbox_addr: u64,
-    mailbox_rkey: u32,
-    life: PeerLife,
 }
 
 /// Our queue pairs exist; they are not connected yet. Publish
@@ -366,18 +350,15 @@ impl VerbsSetup {
             };
             qpn_to_peer.push((qp.qpn(), r));
             peers.push(Some(Peer {
-                qp,
                 credits: PeerCredits::new(&self.credit, r < me),
-                seq: 0,
-                inflight: VecDeque::new(),
-                unsignaled: 0,
-                mailbox_addr: a.mailbox_addr + 8 * u64::from(me),
-                mailbox_rkey: a.mailbox_rkey,
                 life: PeerLife::new(a.pid, &a.host, &mine),
+                mailbox_addr: a.mailbox_addr + 8 * u64::from(me),
+                mailbox_key: u64::from(a.mailbox_rkey),
+                link: Link { qp, seq: 0, inflight: VecDeque::new(), unsignaled: 0 },
             }));
         }
         qpn_to_peer.sort_unstable();
-        let max_inline = peers.iter().flatten().map(|p| p.qp.max_inline).min().unwrap_or(0) as usize;
+        let max_inline = peers.iter().flatten().map(|p| p.link.qp.max_inline).min().unwrap_or(0) as usize;
         let hook = |access| VerbsHook { pd: self.pd.clone(), access, count: self.registrations.clone() };
         let send_pool = Pool::new(
             PoolConfig { buf_size: cfg.slot_bytes, bufs_per_chunk: 64, max_chunks: SEND_BUFS / 64, huge_pages: HugePages::Never },
@@ -477,7 +458,7 @@ pub struct VerbsEndpoint {
     _chosen: Chosen,
     /// What every RDMA endpoint keeps alike. Its queue pairs are destroyed
     /// first, by `Drop`; its mailbox memory is freed last.
-    st: RdmaState<Peer>,
+    st: RdmaState<Link>,
 }
 
 // SAFETY: the raw pointers (bounce destinations) point into buffers the core
@@ -542,29 +523,29 @@ impl VerbsEndpoint {
     ) -> Result<(), TransportError> {
         let low_slots = self.send_pool.leased() * 4 >= 3 * SEND_BUFS;
         let p = self.st.peers.alive(peer)?;
-        let seq = p.seq;
-        let signaled = force_signal || low_slots || p.unsignaled + 1 >= SIGNAL_EVERY;
+        let seq = p.link.seq;
+        let signaled = force_signal || low_slots || p.link.unsignaled + 1 >= SIGNAL_EVERY;
         let wr = SendWr { wr_id: (u64::from(peer) << PEER_SHIFT) | seq, opcode: op, local, signaled, inline };
         // SAFETY: `local` lies in memory registered with its lkey that the endpoint
         // (send slots, bounce buffers, per-operation registrations) or the
         // core (lent buffers, until poll_ops reports the op) keeps alive until
         // this request completes; inline data is copied during the call.
-        unsafe { p.qp.post_send(&wr) }.map_err(|source| TransportError::Io { op: "ibv_post_send", peer, source })?;
-        p.seq += 1;
-        p.unsignaled = if signaled { 0 } else { p.unsignaled + 1 };
-        p.inflight.push_back((seq, what));
+        unsafe { p.link.qp.post_send(&wr) }.map_err(|source| TransportError::Io { op: "ibv_post_send", peer, source })?;
+        p.link.seq += 1;
+        p.link.unsignaled = if signaled { 0 } else { p.link.unsignaled + 1 };
+        p.link.inflight.push_back((seq, what));
         Ok(())
     }
 
     /// Room for one more request toward `peer` (reaping completions if needed).
     fn sq_room(&mut self, peer: PeerId) -> Result<bool, TransportError> {
-        let full = |me: &Self| me.st.peers[peer as usize].as_ref().is_some_and(|p| p.inflight.len() as u32 + 2 >= SQ_DEPTH);
+        let full = |me: &Self| me.st.peers[peer as usize].as_ref().is_some_and(|p| p.link.inflight.len() as u32 + 2 >= SQ_DEPTH);
         if full(self) {
             self.reap_sends()?;
             if full(self) {
                 // Everything outstanding may be unsignaled: ask for a completion.
                 if let Some(p) = self.st.peers[peer as usize].as_mut() {
-                    p.unsignaled = SIGNAL_EVERY;
+                    p.link.unsignaled = SIGNAL_EVERY;
                 }
                 return Ok(false);
             }
@@ -607,8 +588,8 @@ impl VerbsEndpoint {
             // Keep the first real cause; flushes only follow one.
             p.life.mark_dead(format!("device {} reported: {reason}", self.device), reason.starts_with("flushed"));
         }
-        while p.inflight.front().is_some_and(|(s, _)| *s <= seq) {
-            let (_, what) = p.inflight.pop_front().expect("front exists");
+        while p.link.inflight.front().is_some_and(|(s, _)| *s <= seq) {
+            let (_, what) = p.link.inflight.pop_front().expect("front exists");
             match what {
                 Inflight::Slot(lease) => self.send_pool.release(lease),
                 Inflight::Op(id) => {
@@ -650,11 +631,176 @@ impl VerbsEndpoint {
         }
         Ok(l)
     }
+}
 
-    /// A key for `[ptr, ptr+len)`: the owned registration covering it, a bounce
-    /// buffer (filled now for reading; copied back at revoke for writing), or
-    /// a registration for this exposure.
-    fn expose_region(&mut self, ptr: *mut u8, len: usize, writable: bool) -> Result<RemoteKey, TransportError> {
+impl Sealed for VerbsEndpoint {}
+
+impl RdmaDevice for VerbsEndpoint {
+    type Link = Link;
+    type Local = Local;
+    type Desc = u32;
+
+    fn operations(&mut self, _: Core) -> &mut Operations {
+        &mut self.ops
+    }
+
+    fn max_piece(&self) -> usize {
+        self.max_msg
+    }
+
+    /// A registered buffer of the core as it is; a small plain slice through
+    /// a bounce buffer; anything else registered for this operation.
+    // Only the core calls it (the `Core` token), with memory the caller of an
+    // unsafe `Endpoint` method vouched for.
+    #[allow(clippy::not_unsafe_ptr_arg_deref)]
+    fn local_side(&mut self, _: Core, peer: PeerId, local: *mut u8, len: usize, read: bool) -> Result<(u64, u32, Local), TransportError> {
+        let addr = local as u64;
+        if let Some((lkey, _)) = self.owned_keys(addr, len) {
+            return Ok((addr, lkey, Local::Owned));
+        }
+        if len <= self.bounce_max {
+            if let Some(lease) = self.lease_bounce()? {
+                let buf = self.bounce.buf(&lease);
+                let (base, lkey) = (buf.as_ptr() as u64, self.bounce.handle(&lease).lkey());
+                if !read {
+                    // SAFETY: `local` is the caller's slice of `len` bytes; the bounce buffer has at least `len`.
+                    unsafe { std::ptr::copy_nonoverlapping(local, base as *mut u8, len) };
+                }
+                return Ok((base, lkey, Local::Bounce { lease, dst: read.then_some((local, len)) }));
+            }
+        }
+        let mr = self.register_per_op(peer, local, len, if read { Access::Local } else { Access::LocalRead })?;
+        Ok((addr, mr.lkey(), Local::PerOp(mr)))
+    }
+
+    fn post_piece(&mut self, _: Core, pc: &Piece<u32>) -> Result<Posted, TransportError> {
+        if !self.sq_room(pc.peer)? {
+            return Ok(Posted::Again);
+        }
+        let (remote_addr, rkey) = (pc.remote_addr, pc.key as u32);
+        let op = if pc.read { SendOp::Read { remote_addr, rkey } } else { SendOp::Write { remote_addr, rkey } };
+        self.post(pc.peer, op, (pc.local, pc.len as u32, pc.desc), false, Inflight::Op(pc.op), true)?;
+        Ok(Posted::Yes)
+    }
+
+    fn finish_local(&mut self, _: Core, _id: u64, local: Local, succeeded: bool) {
+        match local {
+            Local::Bounce { lease, dst } => {
+                if let (Some((dst, len)), true) = (dst, succeeded) {
+                    let src = self.bounce.buf(&lease);
+                    // SAFETY: `dst` is the caller's `local` of a READ, kept
+                    // alive and untouched until this report (Endpoint::read).
+                    unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), dst, len) };
+                }
+                self.bounce.release(lease);
+            }
+            Local::PerOp(mr) => drop(mr),
+            Local::Owned => {}
+        }
+    }
+
+    fn state_mut(&mut self, _: Core) -> &mut RdmaState<Link> {
+        &mut self.st
+    }
+
+    fn state(&self) -> &RdmaState<Link> {
+        &self.st
+    }
+
+    /// A SEND of header and payload into the slot the peer posted: inline
+    /// when small, else from a registered send buffer. Resources first: a
+    /// full send queue or no free buffer is backpressure.
+    fn send_eager(&mut self, _: Core, peer: PeerId, header: &[u8; HEADER_BYTES], payload: &[u8]) -> Result<SendOutcome, TransportError> {
+        let len = HEADER_BYTES + payload.len();
+        if !self.sq_room(peer)? {
+            return Ok(SendOutcome::Backpressure);
+        }
+        if len <= self.max_inline.min(INLINE_BUF) {
+            let mut buf = [0u8; INLINE_BUF];
+            buf[..HEADER_BYTES].copy_from_slice(header);
+            buf[HEADER_BYTES..len].copy_from_slice(payload);
+            self.post(peer, SendOp::Send, (buf.as_ptr() as u64, len as u32, 0), true, Inflight::Nothing, false)?;
+            return Ok(SendOutcome::Sent);
+        }
+        let lease = match self.send_pool.lease()? {
+            Some(l) => l,
+            None => {
+                self.reap_sends()?;
+                match self.send_pool.lease()? {
+                    Some(l) => l,
+                    None => return Ok(SendOutcome::Backpressure),
+                }
+            }
+        };
+        let b = self.send_pool.buf_mut(&lease);
+        b[..HEADER_BYTES].copy_from_slice(header);
+        b[HEADER_BYTES..len].copy_from_slice(payload);
+        let local = (b.as_ptr() as u64, len as u32, self.send_pool.handle(&lease).lkey());
+        self.post(peer, SendOp::Send, local, false, Inflight::Slot(lease), false)?;
+        Ok(SendOutcome::Sent)
+    }
+
+    fn receive<F>(&mut self, _: Core, max: usize, sink: &mut F) -> Result<usize, TransportError>
+    where
+        F: FnMut(PeerId, &MsgHeader, &[u8]),
+    {
+        let mut n = 0;
+        let mut wcs = [ffi::ibv_wc::default(); CQ_BATCH];
+        while n < max {
+            let want = CQ_BATCH.min(max - n);
+            let got = self.recv_cq.poll(&mut wcs[..want]).map_err(setup("poll the receive completion queue"))?;
+            for wc in &wcs[..got] {
+                let slot = wc.wr_id() as usize;
+                let peer = match self.qpn_to_peer.binary_search_by_key(&wc.qp_num, |&(q, _)| q) {
+                    Ok(i) => self.qpn_to_peer[i].1,
+                    Err(_) => {
+                        return Err(TransportError::Malformed { peer: u32::MAX, what: "receive completion for an unknown queue pair" })
+                    }
+                };
+                let addr = self.recv_mr.addr + (slot * self.st.slot_bytes) as u64;
+                if let Some((status, vendor)) = wc.error() {
+                    if self.debug {
+                        eprintln!(
+                            "fmx-verbs rank {}: receive completion from peer {peer}: {} (vendor {vendor:#x})",
+                            self.st.rank,
+                            status_name(status)
+                        );
+                    }
+                    let reason = status_name(status);
+                    let flushed = reason.starts_with("flushed");
+                    self.st.mark_dead(peer, format!("device {} reported on receive: {reason}", self.device), flushed);
+                    continue; // the QP is in error: its slot is not reposted
+                }
+                let bytes = &self.recv[slot * self.st.slot_bytes..][..wc.len()];
+                let class = self.st.deliver(peer, bytes, "undecodable header in a verbs receive slot", sink)?;
+                let p = self.st.peers[peer as usize].as_mut().expect("a connected peer");
+                // Repost before returning the credit: the slot is free again only once posted.
+                // SAFETY: the slot lies in the registered receive region the endpoint owns.
+                let posted = unsafe {
+                    match &self.srq {
+                        Some(srq) => srq.post_recv(slot as u64, addr, self.st.slot_bytes as u32, self.recv_mr.lkey()),
+                        None => p.link.qp.post_recv(slot as u64, addr, self.st.slot_bytes as u32, self.recv_mr.lkey()),
+                    }
+                };
+                posted.map_err(|source| TransportError::Io { op: "repost a receive slot", peer, source })?;
+                self.st.released(peer, class);
+                n += 1;
+            }
+            if got < want {
+                break;
+            }
+        }
+        self.reap_sends()?;
+        Ok(n)
+    }
+
+    /// The owned registration covering the region, a bounce buffer (filled
+    /// now for reading; copied back at the end for writing), or a
+    /// registration for this exposure.
+    // Only the core calls it (the `Core` token), with memory the caller of an
+    // unsafe `Endpoint` method vouched for.
+    #[allow(clippy::not_unsafe_ptr_arg_deref)]
+    fn expose_region(&mut self, _: Core, ptr: *mut u8, len: usize, writable: bool) -> Result<RemoteKey, TransportError> {
         let addr = ptr as u64;
         if len == 0 {
             return Ok(RemoteKey { addr, len: 0, key: 0 });
@@ -679,264 +825,8 @@ impl VerbsEndpoint {
         self.exposed.insert((addr, key.key), Exposure::PerOp(mr));
         Ok(key)
     }
-}
 
-impl Sealed for VerbsEndpoint {}
-
-impl RdmaDevice for VerbsEndpoint {
-    type Peer = Peer;
-    type Local = Local;
-    type Desc = u32;
-
-    fn operations(&mut self) -> &mut Operations {
-        &mut self.ops
-    }
-
-    fn max_piece(&self) -> usize {
-        self.max_msg
-    }
-
-    /// A registered buffer of the core as it is; a small plain slice through
-    /// a bounce buffer; anything else registered for this operation.
-    fn local_side(&mut self, peer: PeerId, local: *mut u8, len: usize, read: bool) -> Result<(u64, u32, Local), TransportError> {
-        let addr = local as u64;
-        if let Some((lkey, _)) = self.owned_keys(addr, len) {
-            return Ok((addr, lkey, Local::Owned));
-        }
-        if len <= self.bounce_max {
-            if let Some(lease) = self.lease_bounce()? {
-                let buf = self.bounce.buf(&lease);
-                let (base, lkey) = (buf.as_ptr() as u64, self.bounce.handle(&lease).lkey());
-                if !read {
-                    // SAFETY: `local` is the caller's slice of `len` bytes; the bounce buffer has at least `len`.
-                    unsafe { std::ptr::copy_nonoverlapping(local, base as *mut u8, len) };
-                }
-                return Ok((base, lkey, Local::Bounce { lease, dst: read.then_some((local, len)) }));
-            }
-        }
-        let mr = self.register_per_op(peer, local, len, if read { Access::Local } else { Access::LocalRead })?;
-        Ok((addr, mr.lkey(), Local::PerOp(mr)))
-    }
-
-    fn post_piece(&mut self, pc: &Piece<u32>) -> Result<Posted, TransportError> {
-        if !self.sq_room(pc.peer)? {
-            return Ok(Posted::Again);
-        }
-        let (remote_addr, rkey) = (pc.remote_addr, pc.key as u32);
-        let op = if pc.read { SendOp::Read { remote_addr, rkey } } else { SendOp::Write { remote_addr, rkey } };
-        self.post(pc.peer, op, (pc.local, pc.len as u32, pc.desc), false, Inflight::Op(pc.op), true)?;
-        Ok(Posted::Yes)
-    }
-
-    fn finish_local(&mut self, _id: u64, local: Local, succeeded: bool) {
-        match local {
-            Local::Bounce { lease, dst } => {
-                if let (Some((dst, len)), true) = (dst, succeeded) {
-                    let src = self.bounce.buf(&lease);
-                    // SAFETY: `dst` is the caller's `local` of a READ, kept
-                    // alive and untouched until this report (Endpoint::read).
-                    unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), dst, len) };
-                }
-                self.bounce.release(lease);
-            }
-            Local::PerOp(mr) => drop(mr),
-            Local::Owned => {}
-        }
-    }
-
-    fn state(&mut self) -> &mut RdmaState<Peer> {
-        &mut self.st
-    }
-
-    fn progress(&mut self) -> Result<(), TransportError> {
-        self.reap_sends().map(drop)
-    }
-
-    /// An inline 8-byte RDMA WRITE of the word into the peer's mailbox, needing no credit.
-    fn return_credits(&mut self, all: bool) -> Result<(), TransportError> {
-        self.st.explicit_due = false;
-        for peer in self.st.owed_returns(all) {
-            if !self.sq_room(peer)? {
-                self.st.explicit_due = true;
-                continue;
-            }
-            let word = self.st.return_word(peer);
-            let p = self.st.peers[peer as usize].as_ref().expect("a peer");
-            let (addr, rkey) = (p.mailbox_addr, p.mailbox_rkey);
-            // The source word stays in registered memory (devices without
-            // inline data read it by DMA); a newer total may overwrite it
-            // before the device reads it, which is as good.
-            let src = &mut self.outbox[8 * peer as usize..][..8];
-            src.copy_from_slice(&word.to_le_bytes());
-            let local = (src.as_ptr() as u64, 8, self.outbox_mr.lkey());
-            let (inline, finalized) = (self.max_inline >= 8, self.st.finalized);
-            self.post(peer, SendOp::Write { remote_addr: addr, rkey }, local, inline, Inflight::Nothing, finalized)?;
-        }
-        Ok(())
-    }
-
-    fn probe(&mut self, peer: PeerId) {
-        let Some(Some(p)) = self.st.peers.get(peer as usize) else { return };
-        if !p.life.probe_due() {
-            return;
-        }
-        let (addr, rkey) = (p.mailbox_addr, p.mailbox_rkey);
-        if self.sq_room(peer).unwrap_or(false)
-            && self.post(peer, SendOp::Write { remote_addr: addr, rkey }, (0, 0, 0), false, Inflight::Nothing, true).is_ok()
-        {
-            self.st.peers[peer as usize].as_mut().expect("a peer").life.probe_posted();
-        }
-    }
-
-    fn words_in_flight(&mut self) -> bool {
-        self.st.peers.iter().flatten().any(|p| p.life.failure().is_none() && !p.inflight.is_empty())
-    }
-}
-
-impl Drop for VerbsEndpoint {
-    fn drop(&mut self) {
-        // Stop the device from touching memory we are about to free.
-        for p in self.st.peers.iter().flatten() {
-            p.qp.set_error();
-        }
-        self.st.peers.clear();
-        for (_, e) in self.exposed.drain() {
-            if let Exposure::Bounce { lease, .. } = e {
-                self.bounce.release(lease);
-            }
-        }
-    }
-}
-
-impl Endpoint for VerbsEndpoint {
-    fn local_id(&self) -> PeerId {
-        self.st.rank
-    }
-
-    fn num_peers(&self) -> u32 {
-        self.st.size
-    }
-
-    fn max_eager(&self) -> usize {
-        self.st.max_eager()
-    }
-
-    fn try_send(&mut self, peer: PeerId, header: &MsgHeader, payload: &[u8]) -> Result<SendOutcome, TransportError> {
-        let class = match self.st.admit(peer, header, payload)? {
-            Admit::Answer(outcome) => return Ok(outcome),
-            Admit::Go(class) => class,
-        };
-        let len = HEADER_BYTES + payload.len();
-        let inline = len <= self.max_inline.min(INLINE_BUF);
-        // Resources first, credit last: a credit once taken is always used.
-        if !self.sq_room(peer)? {
-            return Ok(SendOutcome::Backpressure);
-        }
-        let lease = if inline {
-            None
-        } else {
-            match self.send_pool.lease()? {
-                Some(l) => Some(l),
-                None => {
-                    self.reap_sends()?;
-                    match self.send_pool.lease()? {
-                        Some(l) => Some(l),
-                        None => return Ok(SendOutcome::Backpressure),
-                    }
-                }
-            }
-        };
-        let hb = self.st.take_credit(peer, class, header)?;
-        match lease {
-            None => {
-                let mut buf = [0u8; INLINE_BUF];
-                buf[..HEADER_BYTES].copy_from_slice(&hb);
-                buf[HEADER_BYTES..len].copy_from_slice(payload);
-                self.post(peer, SendOp::Send, (buf.as_ptr() as u64, len as u32, 0), true, Inflight::Nothing, false)?;
-            }
-            Some(lease) => {
-                let b = self.send_pool.buf_mut(&lease);
-                b[..HEADER_BYTES].copy_from_slice(&hb);
-                b[HEADER_BYTES..len].copy_from_slice(payload);
-                let local = (b.as_ptr() as u64, len as u32, self.send_pool.handle(&lease).lkey());
-                self.post(peer, SendOp::Send, local, false, Inflight::Slot(lease), false)?;
-            }
-        }
-        Ok(SendOutcome::Sent)
-    }
-
-    fn credit(&mut self, peer: PeerId) -> SendOutcome {
-        self.st.credit(peer)
-    }
-
-    fn poll<F>(&mut self, max: usize, mut sink: F) -> Result<usize, TransportError>
-    where
-        F: FnMut(PeerId, &MsgHeader, &[u8]),
-    {
-        let mut n = self.st.own.drain(self.st.rank, max, &mut sink);
-        let mut wcs = [ffi::ibv_wc::default(); CQ_BATCH];
-        while n < max {
-            let want = CQ_BATCH.min(max - n);
-            let got = self.recv_cq.poll(&mut wcs[..want]).map_err(setup("poll the receive completion queue"))?;
-            for wc in &wcs[..got] {
-                let slot = wc.wr_id() as usize;
-                let peer = match self.qpn_to_peer.binary_search_by_key(&wc.qp_num, |&(q, _)| q) {
-                    Ok(i) => self.qpn_to_peer[i].1,
-                    Err(_) => {
-                        return Err(TransportError::Malformed { peer: u32::MAX, what: "receive completion for an unknown queue pair" })
-                    }
-                };
-                let addr = self.recv_mr.addr + (slot * self.st.slot_bytes) as u64;
-                if let Some((status, vendor)) = wc.error() {
-                    if self.debug {
-                        eprintln!(
-                            "fmx-verbs rank {}: receive completion from peer {peer}: {} (vendor {vendor:#x})",
-                            self.st.rank,
-                            status_name(status)
-                        );
-                    }
-                    if let Some(Some(p)) = self.st.peers.get_mut(peer as usize) {
-                        let reason = status_name(status);
-                        p.life.mark_dead(format!("device {} reported on receive: {reason}", self.device), reason.starts_with("flushed"));
-                    }
-                    continue; // the QP is in error: its slot is not reposted
-                }
-                let bytes = &self.recv[slot * self.st.slot_bytes..][..wc.len()];
-                let class = self.st.deliver(peer, bytes, "undecodable header in a verbs receive slot", &mut sink)?;
-                let p = self.st.peers[peer as usize].as_mut().expect("a connected peer");
-                // Repost before returning the credit: the slot is free again only once posted.
-                // SAFETY: the slot lies in the registered receive region the endpoint owns.
-                let posted = unsafe {
-                    match &self.srq {
-                        Some(srq) => srq.post_recv(slot as u64, addr, self.st.slot_bytes as u32, self.recv_mr.lkey()),
-                        None => p.qp.post_recv(slot as u64, addr, self.st.slot_bytes as u32, self.recv_mr.lkey()),
-                    }
-                };
-                posted.map_err(|source| TransportError::Io { op: "repost a receive slot", peer, source })?;
-                self.st.released(peer, class);
-                n += 1;
-            }
-            if got < want {
-                break;
-            }
-        }
-        self.reap_sends()?;
-        if self.st.explicit_due {
-            self.return_credits(false)?;
-        }
-        Ok(n)
-    }
-
-    unsafe fn expose(&mut self, buf: &[u8]) -> Result<RemoteKey, TransportError> {
-        // Not writable: the region is only read through this pointer.
-        self.expose_region(buf.as_ptr().cast_mut(), buf.len(), false)
-    }
-
-    unsafe fn expose_mut(&mut self, buf: &mut [u8]) -> Result<RemoteKey, TransportError> {
-        self.expose_region(buf.as_mut_ptr(), buf.len(), true)
-    }
-
-    fn revoke(&mut self, key: &RemoteKey) {
+    fn end_exposure(&mut self, _: Core, key: &RemoteKey) {
         match self.exposed.remove(&(key.addr, key.key)) {
             Some(Exposure::PerOp(mr)) => drop(mr),
             Some(Exposure::Bounce { lease, dst }) => {
@@ -952,35 +842,11 @@ impl Endpoint for VerbsEndpoint {
         }
     }
 
-    unsafe fn read(&mut self, peer: PeerId, remote: &RemoteKey, local: &mut [u8]) -> Result<OpStatus, TransportError> {
-        self.shared_one_sided(peer, remote, local.as_mut_ptr(), local.len(), true)
+    fn large_path(&self) -> String {
+        format!("RDMA READ of the sender's buffer (device {})", self.device)
     }
 
-    unsafe fn write(&mut self, peer: PeerId, local: &[u8], remote: &RemoteKey) -> Result<OpStatus, TransportError> {
-        // A WRITE only reads `local`; the pointer is not written through.
-        self.shared_one_sided(peer, remote, local.as_ptr().cast_mut(), local.len(), false)
-    }
-
-    fn poll_ops<F>(&mut self, done: F) -> Result<usize, TransportError>
-    where
-        F: FnMut(u64, Result<(), TransportError>),
-    {
-        self.shared_poll_ops(done)
-    }
-
-    fn peer_state(&mut self, peer: PeerId) -> PeerState {
-        self.shared_peer_state(peer)
-    }
-
-    fn reallocate_credits(&mut self) -> Result<(), TransportError> {
-        self.shared_reallocate_credits()
-    }
-
-    fn receive_memory(&self) -> ReceiveMemory {
-        self.st.receive_memory()
-    }
-
-    fn register_owned(&mut self, region: &[u8]) -> Result<(), TransportError> {
+    fn register_buffer(&mut self, _: Core, region: &[u8]) -> Result<(), TransportError> {
         if region.is_empty() {
             return Ok(());
         }
@@ -991,15 +857,66 @@ impl Endpoint for VerbsEndpoint {
         Ok(())
     }
 
-    fn deregister_owned(&mut self, region: &[u8]) {
+    fn deregister_buffer(&mut self, _: Core, region: &[u8]) {
         self.registry.remove(region.as_ptr() as u64);
     }
 
-    fn registration_stats(&self) -> RegistrationStats {
-        self.st.registration_stats()
+    fn progress(&mut self, _: Core) -> Result<(), TransportError> {
+        self.reap_sends().map(drop)
     }
 
-    fn finalize(&mut self) -> Result<(), TransportError> {
-        self.shared_finalize()
+    /// An inline 8-byte RDMA WRITE of the word into the peer's mailbox, needing no credit.
+    fn return_credits(&mut self, _: Core, all: bool) -> Result<(), TransportError> {
+        self.st.explicit_due = false;
+        for peer in self.st.owed_returns(all) {
+            if !self.sq_room(peer)? {
+                self.st.explicit_due = true;
+                continue;
+            }
+            let word = self.st.return_word(peer);
+            let p = self.st.peers[peer as usize].as_ref().expect("a peer");
+            let (addr, rkey) = (p.mailbox_addr, p.mailbox_key as u32);
+            // The source word stays in registered memory (devices without
+            // inline data read it by DMA); a newer total may overwrite it
+            // before the device reads it, which is as good.
+            let src = &mut self.outbox[8 * peer as usize..][..8];
+            src.copy_from_slice(&word.to_le_bytes());
+            let local = (src.as_ptr() as u64, 8, self.outbox_mr.lkey());
+            let (inline, finalized) = (self.max_inline >= 8, self.st.finalized);
+            self.post(peer, SendOp::Write { remote_addr: addr, rkey }, local, inline, Inflight::Nothing, finalized)?;
+        }
+        Ok(())
+    }
+
+    fn probe(&mut self, _: Core, peer: PeerId) {
+        let Some(Some(p)) = self.st.peers.get(peer as usize) else { return };
+        if !p.life.probe_due() {
+            return;
+        }
+        let (addr, rkey) = (p.mailbox_addr, p.mailbox_key as u32);
+        if self.sq_room(peer).unwrap_or(false)
+            && self.post(peer, SendOp::Write { remote_addr: addr, rkey }, (0, 0, 0), false, Inflight::Nothing, true).is_ok()
+        {
+            self.st.peers[peer as usize].as_mut().expect("a peer").life.probe_posted();
+        }
+    }
+
+    fn words_in_flight(&mut self, _: Core) -> bool {
+        self.st.peers.iter().flatten().any(|p| p.life.failure().is_none() && !p.link.inflight.is_empty())
+    }
+}
+
+impl Drop for VerbsEndpoint {
+    fn drop(&mut self) {
+        // Stop the device from touching memory we are about to free.
+        for p in self.st.peers.iter().flatten() {
+            p.link.qp.set_error();
+        }
+        self.st.peers.clear();
+        for (_, e) in self.exposed.drain() {
+            if let Exposure::Bounce { lease, .. } = e {
+                self.bounce.release(lease);
+            }
+        }
     }
 }

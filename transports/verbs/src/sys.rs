@@ -203,7 +203,6 @@ impl Mr {
         // SAFETY: the MR is registered until drop.
         unsafe { self.mr.as_ref().rkey }
     }
-
 }
 
 impl fmx_transport::rdma::Region for Mr {

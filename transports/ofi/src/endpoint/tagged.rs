@@ -80,7 +80,7 @@ fn field(m: &[u8], i: usize) -> u64 {
 impl OfiEndpoint {
     /// Sends a control message; `Again` when the provider has no room now.
     fn ctrl(&mut self, peer: PeerId, msg: &[u8; CTRL_BYTES]) -> Result<Posted, TransportError> {
-        let dest = self.st.peers.alive(peer)?.addr;
+        let dest = self.st.peers.alive(peer)?.link.addr;
         // SAFETY: fi_tinject copies the message before it returns.
         let rc = unsafe { sys::fmx_fi_tinject(self.fabric.ep(), msg.as_ptr().cast(), CTRL_BYTES, dest, CTRL | u64::from(self.st.rank)) };
         posted(rc).map_err(|rc| TransportError::PeerGone {
@@ -179,7 +179,7 @@ impl OfiEndpoint {
                 Deferred::Serve { peer, .. } => (*peer, Tx::Serve(*peer)),
                 Deferred::Sink { peer, key, .. } => (*peer, Tx::Sink(*peer, *key)),
             };
-            let Ok(dest) = self.st.peers.alive(peer).map(|p| p.addr) else {
+            let Ok(dest) = self.st.peers.alive(peer).map(|p| p.link.addr) else {
                 if let Deferred::Sink { key, .. } = d {
                     self.sink_done(key); // the writer is gone: nothing will land
                 }
