@@ -11,17 +11,17 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use fmx_transport::credit::{mailbox, Class, CreditConfig, PeerCredits};
+use fmx_transport::credit::{mailbox, Class, PeerCredits};
 use fmx_transport::liveness::{host_identity, PeerLife};
-use fmx_transport::own::OwnQueue;
 use fmx_transport::peers::{Peer, PeerList};
 use fmx_transport::pool::{HugePages, Lease, Pool, PoolConfig, RegistrationHook};
 use fmx_transport::rdma::{
+    anonymous,
     sealed::{Core, Sealed},
-    Posted, RdmaDevice, RdmaState, Registry,
+    EagerConfig, Posted, RdmaDevice, RdmaState, Registry,
 };
-use fmx_transport::settings::{env_limited, env_number, env_positive, limits};
-use fmx_transport::{MsgHeader, PeerId, RegistrationStats, RemoteKey, SendOutcome, TransportError, HEADER_BYTES};
+use fmx_transport::settings::{env_number, env_positive};
+use fmx_transport::{MsgHeader, PeerId, RemoteKey, SendOutcome, TransportError, HEADER_BYTES};
 use memmap2::MmapMut;
 
 use crate::address::Address;
@@ -52,23 +52,13 @@ const RANK_BITS: u64 = 0xffff_ffff;
 /// How to build the endpoint.
 #[derive(Clone, Debug)]
 pub struct OfiConfig {
-    /// Our index.
-    pub rank: u32,
-    /// Processes in the job.
-    pub size: u32,
+    /// The eager pool, as on every RDMA device.
+    pub eager: EagerConfig,
     /// The provider by name (`tcp;ofi_rxm`, `shm`, `verbs;ofi_rxm`); `None`: libfabric's best.
     pub provider: Option<String>,
     /// The domain by name (`lo`, `eth0`, `mlx5_0`, `rxe0`); `None`: the provider's first.
     /// From `FMX_OFI_DOMAIN`, a name or a comma-separated list taken by rank.
     pub domain: Option<String>,
-    /// Eager pool slots (`P`).
-    pub pool: u32,
-    /// Bytes per slot.
-    pub slot_bytes: usize,
-    /// Newcomer credits (`c0`).
-    pub newcomer: u32,
-    /// Owed credits that trigger an explicit return (`None`: half the slice).
-    pub threshold: Option<u32>,
     /// Largest RMA operation posted at once.
     pub piece: usize,
     /// Use FI_RMA when the provider has it (`FMX_OFI_RMA=0`: tagged messages instead).
@@ -87,22 +77,17 @@ pub struct OfiConfig {
 }
 
 impl OfiConfig {
-    /// Defaults, overridden by `FMX_OFI_PROVIDER`, `FMX_OFI_DOMAIN`, `FMX_OFI_PIECE`, `FMX_OFI_RMA`, `FMX_OFI_CTRL_SLOTS`, and the
-    /// shared `FMX_POOL_SLOTS`, `FMX_SLOT_BYTES`, `FMX_NEWCOMER_CREDITS`, `FMX_CREDIT_THRESHOLD`.
+    /// Defaults, overridden by `FMX_OFI_PROVIDER`, `FMX_OFI_DOMAIN`, `FMX_OFI_PIECE`, `FMX_OFI_RMA`,
+    /// `FMX_OFI_CTRL_SLOTS`, and the eager pool's variables ([`EagerConfig::from_env`]).
     pub fn from_env(rank: u32, size: u32) -> Result<Self, TransportError> {
         Ok(Self {
-            rank,
-            size,
+            eager: EagerConfig::from_env(rank, size)?,
             provider: std::env::var("FMX_OFI_PROVIDER").ok().filter(|p| !p.is_empty()),
             // A comma-separated list is taken by rank (rank r uses entry r mod len).
             domain: std::env::var("FMX_OFI_DOMAIN").ok().and_then(|d| {
                 let names: Vec<&str> = d.split(',').map(str::trim).filter(|n| !n.is_empty()).collect();
                 (!names.is_empty()).then(|| names[rank as usize % names.len()].to_owned())
             }),
-            pool: env_limited("FMX_POOL_SLOTS", limits::POOL_SLOTS)?.map_or(DEFAULT_POOL_SLOTS, |n| n as u32),
-            slot_bytes: env_limited("FMX_SLOT_BYTES", limits::SLOT_BYTES)?.unwrap_or(DEFAULT_SLOT_BYTES),
-            newcomer: env_limited("FMX_NEWCOMER_CREDITS", limits::NEWCOMER_CREDITS)?.map_or(DEFAULT_NEWCOMER_CREDITS, |n| n as u32),
-            threshold: env_limited("FMX_CREDIT_THRESHOLD", limits::CREDIT_THRESHOLD)?.map(|n| n as u32),
             piece: env_number("FMX_OFI_PIECE")?.unwrap_or(DEFAULT_PIECE).max(4096),
             rma: env_number("FMX_OFI_RMA")?.is_none_or(|n| n != 0),
             ctrl_slots: env_positive("FMX_OFI_CTRL_SLOTS")?,
@@ -204,35 +189,30 @@ pub struct OfiSetup {
     ep: OfiEndpoint,
 }
 
-fn setup(what: &str) -> impl Fn(std::io::Error) -> TransportError + '_ {
-    move |e| TransportError::Setup { what: what.to_owned(), source: e }
-}
-
 fn anon(bytes: usize) -> Result<MmapMut, TransportError> {
-    MmapMut::map_anon(bytes.max(8)).map_err(setup("map libfabric buffers"))
+    anonymous(bytes, 8, "map libfabric buffers")
 }
 
 impl OfiSetup {
     /// Chooses the provider, opens the endpoint, and posts the receive slots.
     pub fn create(cfg: OfiConfig) -> Result<Self, TransportError> {
-        let credit =
-            CreditConfig::for_transport(cfg.pool, cfg.size.saturating_sub(1), cfg.newcomer, cfg.threshold, CTRL_SLOTS, "FMX_POOL_SLOTS")?;
-        size_universe(cfg.size);
+        let credit = cfg.eager.credits()?;
+        size_universe(cfg.eager.size);
         // RMA when asked for and offered; else tagged messages carry one-sided operations.
         let (info, rma) = match cfg.rma.then(|| Info::query(cfg.provider.as_deref(), cfg.domain.as_deref(), true)) {
             Some(Ok(i)) => (i, true),
             _ => (Info::query(cfg.provider.as_deref(), cfg.domain.as_deref(), false)?, false),
         };
         let provider = info.provider();
-        let peers = cfg.size.saturating_sub(1);
-        let recv_slots = (cfg.pool + CTRL_SLOTS * peers) as usize;
+        let peers = cfg.eager.size.saturating_sub(1);
+        let recv_slots = cfg.eager.receive_slots();
         let (rx_size, _) = info.queue_sizes();
         if recv_slots > rx_size {
             return Err(TransportError::Setup {
                 what: format!(
                     "{recv_slots} receive slots ({} eager + {CTRL_SLOTS} control per peer) exceed provider {provider}'s receive \
                      queue of {rx_size}: lower FMX_POOL_SLOTS",
-                    cfg.pool
+                    cfg.eager.pool
                 ),
                 source: std::io::Error::from(std::io::ErrorKind::InvalidInput),
             });
@@ -241,15 +221,15 @@ impl OfiSetup {
             let (fabric, domain) = info.fabric_and_domain();
             eprintln!(
                 "fmx-ofi rank {}: provider {provider}, fabric {fabric}, domain {domain}, rma {rma}, mr_mode {:?}",
-                cfg.rank,
+                cfg.eager.rank,
                 info.mr_mode()
             );
         }
         let inject = info.inject_size();
         let max_msg = info.max_msg_size();
-        if cfg.slot_bytes > max_msg {
+        if cfg.eager.slot_bytes > max_msg {
             return Err(TransportError::Setup {
-                what: format!("FMX_SLOT_BYTES={} exceeds provider {provider}'s largest message ({max_msg} bytes)", cfg.slot_bytes),
+                what: format!("FMX_SLOT_BYTES={} exceeds provider {provider}'s largest message ({max_msg} bytes)", cfg.eager.slot_bytes),
                 source: std::io::Error::from(std::io::ErrorKind::InvalidInput),
             });
         }
@@ -271,25 +251,25 @@ impl OfiSetup {
             .job
             .as_deref()
             .filter(|_| provider == crate::names::FILE_NAMED_PROVIDER)
-            .map(|job| crate::names::endpoint_name(job, cfg.rank));
-        let fabric = Arc::new(Fabric::open(info, recv_slots + ctrl_slots + TX_CONTEXTS + 64, cfg.size as usize, name.as_deref())?);
+            .map(|job| crate::names::endpoint_name(job, cfg.eager.rank));
+        let fabric = Arc::new(Fabric::open(info, recv_slots + ctrl_slots + TX_CONTEXTS + 64, cfg.eager.size as usize, name.as_deref())?);
         let registrations = Arc::new(AtomicU64::new(0));
-        let recv = anon(recv_slots * cfg.slot_bytes)?;
+        let recv = anon(recv_slots * cfg.eager.slot_bytes)?;
         let recv_mr = if fabric.mr_mode.local {
             registrations.fetch_add(1, Ordering::Relaxed);
             Some(fabric.register(recv.as_ptr(), recv.len(), u64::from(sys::FI_RECV))?)
         } else {
             None
         };
-        let mailbox = anon(8 * cfg.size as usize)?;
+        let mailbox = anon(8 * cfg.eager.size as usize)?;
         let mailbox_mr = fabric.register(mailbox.as_ptr(), mailbox.len(), u64::from(sys::FI_REMOTE_WRITE | sys::FI_REMOTE_READ))?;
         // Our outgoing mailbox words, then one word per peer for probe reads.
-        let outbox = anon(16 * cfg.size as usize)?;
+        let outbox = anon(16 * cfg.eager.size as usize)?;
         let outbox_mr = fabric.register(outbox.as_ptr(), outbox.len(), u64::from(sys::FI_WRITE | sys::FI_READ))?;
         registrations.fetch_add(2, Ordering::Relaxed);
         let hook = OfiHook { fabric: fabric.clone(), count: registrations.clone() };
         let send_pool = Pool::new(
-            PoolConfig { buf_size: cfg.slot_bytes, bufs_per_chunk: 64, max_chunks: SEND_BUFS / 64, huge_pages: HugePages::Never },
+            PoolConfig { buf_size: cfg.eager.slot_bytes, bufs_per_chunk: 64, max_chunks: SEND_BUFS / 64, huge_pages: HugePages::Never },
             hook,
         );
         let ctrl_recv = anon(ctrl_slots * tagged::CTRL_BYTES)?;
@@ -331,20 +311,7 @@ impl OfiSetup {
             outbox,
             ctx,
             fabric,
-            st: RdmaState {
-                rank: cfg.rank,
-                size: cfg.size,
-                slot_bytes: cfg.slot_bytes,
-                credit,
-                peers: PeerList::new(Vec::new()),
-                own: OwnQueue::default(),
-                explicit_due: false,
-                reallocated: false,
-                finalized: false,
-                stats: RegistrationStats::default(),
-                registrations,
-                mailbox,
-            },
+            st: RdmaState::new(&cfg.eager, credit, registrations, mailbox),
         };
         for slot in 0..recv_slots {
             ep.post_recv(slot).map_err(|rc| crate::fabric::fail("post a receive slot (fi_trecv)", &ep.provider, rc))?;
@@ -377,9 +344,9 @@ impl OfiSetup {
     pub fn connect(self, addresses: &[Vec<u8>]) -> Result<OfiEndpoint, TransportError> {
         let cfg = &self.cfg;
         let mut ep = self.ep;
-        if addresses.len() != cfg.size as usize {
+        if addresses.len() != cfg.eager.size as usize {
             return Err(TransportError::Setup {
-                what: format!("libfabric connect got {} addresses for a job of {}", addresses.len(), cfg.size),
+                what: format!("libfabric connect got {} addresses for a job of {}", addresses.len(), cfg.eager.size),
                 source: std::io::Error::from(std::io::ErrorKind::InvalidInput),
             });
         }
@@ -389,7 +356,7 @@ impl OfiSetup {
                 what: format!(
                     "rank {r} chose libfabric provider {:?} but rank {} chose {:?}: every rank must use the same one \
                      (set FMX_OFI_PROVIDER or FI_PROVIDER for the whole job)",
-                    a.provider, cfg.rank, ep.provider
+                    a.provider, cfg.eager.rank, ep.provider
                 ),
                 source: std::io::Error::from(std::io::ErrorKind::InvalidInput),
             });
@@ -404,10 +371,10 @@ impl OfiSetup {
                 .enumerate()
                 .map(|(r, (a, addr))| {
                     let r = r as u32;
-                    (r != cfg.rank).then(|| Peer {
-                        credits: PeerCredits::new(&ep.st.credit, r < cfg.rank),
+                    (r != cfg.eager.rank).then(|| Peer {
+                        credits: PeerCredits::new(&ep.st.credit, r < cfg.eager.rank),
                         life: PeerLife::new(a.pid, &a.host, &mine),
-                        mailbox_addr: a.mailbox_addr + 8 * u64::from(cfg.rank),
+                        mailbox_addr: a.mailbox_addr + 8 * u64::from(cfg.eager.rank),
                         mailbox_key: a.mailbox_key,
                         link: Link { addr, mailbox_busy: false },
                     })

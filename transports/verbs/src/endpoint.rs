@@ -10,15 +10,15 @@ use std::time::Duration;
 
 use fmx_transport::credit::{CreditConfig, PeerCredits};
 use fmx_transport::liveness::PeerLife;
-use fmx_transport::own::OwnQueue;
 use fmx_transport::peers::{Peer, PeerList};
 use fmx_transport::pool::{HugePages, Lease, Pool, PoolConfig, RegistrationHook};
 use fmx_transport::rdma::{
+    anonymous,
     sealed::{Core, Sealed},
-    Posted, RdmaDevice, RdmaState, Registry,
+    setup_error, EagerConfig, Posted, RdmaDevice, RdmaState, Registry,
 };
-use fmx_transport::settings::{env_limited, env_number as env_num, limits};
-use fmx_transport::{MsgHeader, PeerId, RegistrationStats, RemoteKey, SendOutcome, TransportError, HEADER_BYTES};
+use fmx_transport::settings::env_number as env_num;
+use fmx_transport::{MsgHeader, PeerId, RemoteKey, SendOutcome, TransportError, HEADER_BYTES};
 use memmap2::MmapMut;
 
 use crate::address::Address;
@@ -48,18 +48,8 @@ const DEFAULT_RETRY_CNT: u8 = 6;
 /// How to build the endpoint.
 #[derive(Clone, Debug)]
 pub struct VerbsConfig {
-    /// Our index.
-    pub rank: u32,
-    /// Processes in the job.
-    pub size: u32,
-    /// Eager pool slots (`P`).
-    pub pool: u32,
-    /// Bytes per slot.
-    pub slot_bytes: usize,
-    /// Newcomer credits (`c0`).
-    pub newcomer: u32,
-    /// Owed credits that trigger an explicit return (`None`: half the slice).
-    pub threshold: Option<u32>,
+    /// The eager pool, as on every RDMA device.
+    pub eager: EagerConfig,
     /// Use a shared receive queue when the device has one.
     pub srq: bool,
     /// Inline data to ask the device for (bytes).
@@ -75,27 +65,18 @@ pub struct VerbsConfig {
 }
 
 impl VerbsConfig {
-    /// Defaults, overridden by `FMX_POOL_SLOTS`, `FMX_SLOT_BYTES`,
-    /// `FMX_NEWCOMER_CREDITS`, `FMX_CREDIT_THRESHOLD`, `FMX_VERBS_SRQ` (0: off),
-    /// `FMX_VERBS_INLINE`, `FMX_VERBS_BOUNCE_MAX`, `FMX_VERBS_TIMEOUT`, `FMX_VERBS_RETRY`.
+    /// Defaults, overridden by the eager pool's variables ([`EagerConfig::from_env`]),
+    /// `FMX_VERBS_SRQ` (0: off), `FMX_VERBS_INLINE`, `FMX_VERBS_BOUNCE_MAX`,
+    /// `FMX_VERBS_TIMEOUT` and `FMX_VERBS_RETRY`.
     pub fn from_env(rank: u32, size: u32) -> Result<Self, TransportError> {
         Ok(Self {
-            rank,
-            size,
-            pool: env_limited("FMX_POOL_SLOTS", limits::POOL_SLOTS)?.map_or(DEFAULT_POOL_SLOTS, |n| n as u32),
-            slot_bytes: env_limited("FMX_SLOT_BYTES", limits::SLOT_BYTES)?.unwrap_or(DEFAULT_SLOT_BYTES),
-            newcomer: env_limited("FMX_NEWCOMER_CREDITS", limits::NEWCOMER_CREDITS)?.map_or(DEFAULT_NEWCOMER_CREDITS, |n| n as u32),
-            threshold: env_limited("FMX_CREDIT_THRESHOLD", limits::CREDIT_THRESHOLD)?.map(|n| n as u32),
+            eager: EagerConfig::from_env(rank, size)?,
             srq: env_num("FMX_VERBS_SRQ")?.is_none_or(|n| n != 0),
             inline: env_num("FMX_VERBS_INLINE")?.map_or(INLINE_BUF as u32, |n| n as u32),
             bounce_max: env_num("FMX_VERBS_BOUNCE_MAX")?.unwrap_or(DEFAULT_BOUNCE_MAX),
             timeout: env_num("FMX_VERBS_TIMEOUT")?.map_or(14, |n| n.min(31) as u8),
             retry_cnt: env_num("FMX_VERBS_RETRY")?.map_or(DEFAULT_RETRY_CNT, |n| n.min(7) as u8),
         })
-    }
-
-    fn credits(&self) -> Result<CreditConfig, TransportError> {
-        CreditConfig::for_transport(self.pool, self.size.saturating_sub(1), self.newcomer, self.threshold, CTRL_SLOTS, "FMX_POOL_SLOTS")
     }
 }
 
@@ -182,35 +163,32 @@ pub struct VerbsSetup {
     registrations: Arc<AtomicU64>,
 }
 
-fn setup(what: &str) -> impl Fn(std::io::Error) -> TransportError + '_ {
-    move |e| TransportError::Setup { what: what.to_owned(), source: e }
-}
-
 fn anon(bytes: usize) -> Result<MmapMut, TransportError> {
-    MmapMut::map_anon(bytes.max(1)).map_err(setup("map verbs buffers"))
+    anonymous(bytes, 1, "map verbs buffers")
 }
 
 impl VerbsSetup {
     /// Opens the device and creates our queues, receive slots and mailbox.
     pub fn create(cfg: VerbsConfig) -> Result<Self, TransportError> {
-        let credit = cfg.credits()?;
-        let chosen = choose(cfg.rank)?;
+        let credit = cfg.eager.credits()?;
+        let chosen = choose(cfg.eager.rank)?;
         let ctx = chosen.ctx.clone();
-        let pd = Pd::alloc(&ctx).map_err(setup("allocate a protection domain"))?;
-        let peers = cfg.size.saturating_sub(1);
-        let recv_slots = (cfg.pool + CTRL_SLOTS * peers) as usize;
+        let pd = Pd::alloc(&ctx).map_err(setup_error("allocate a protection domain"))?;
+        let peers = cfg.eager.size.saturating_sub(1);
+        let recv_slots = cfg.eager.receive_slots();
         let use_srq = cfg.srq && chosen.attr.max_srq > 0 && recv_slots as i32 <= chosen.attr.max_srq_wr;
-        let srq = if use_srq { Some(Srq::create(&pd, recv_slots as u32).map_err(setup("create the shared receive queue"))?) } else { None };
+        let srq =
+            if use_srq { Some(Srq::create(&pd, recv_slots as u32).map_err(setup_error("create the shared receive queue"))?) } else { None };
         let cq_entries = (recv_slots as i32 + 64).min(chosen.attr.max_cqe);
-        let recv_cq = Cq::create(&ctx, cq_entries).map_err(setup("create the receive completion queue"))?;
+        let recv_cq = Cq::create(&ctx, cq_entries).map_err(setup_error("create the receive completion queue"))?;
         let send_cq = Cq::create(&ctx, ((SQ_DEPTH * peers.max(1)) as i32 + 64).min(chosen.attr.max_cqe))
-            .map_err(setup("create the send completion queue"))?;
+            .map_err(setup_error("create the send completion queue"))?;
         let per_qp_recv = (credit.slice + CTRL_SLOTS).max(1);
-        let mut qps = Vec::with_capacity(cfg.size as usize);
-        let mut psns = Vec::with_capacity(cfg.size as usize);
+        let mut qps = Vec::with_capacity(cfg.eager.size as usize);
+        let mut psns = Vec::with_capacity(cfg.eager.size as usize);
         let seed = std::process::id().wrapping_mul(2_654_435_761);
-        for r in 0..cfg.size {
-            if r == cfg.rank {
+        for r in 0..cfg.eager.size {
+            if r == cfg.eager.rank {
                 qps.push(None);
                 psns.push(0);
                 continue;
@@ -219,18 +197,19 @@ impl VerbsSetup {
             let qp = Qp::create_rc(&pd, &send_cq, &recv_cq, srq.as_ref(), sq, per_qp_recv, cfg.inline)
                 // Some devices refuse inline data; fall back to none.
                 .or_else(|_| Qp::create_rc(&pd, &send_cq, &recv_cq, srq.as_ref(), sq, per_qp_recv, 0))
-                .map_err(setup("create an RC queue pair"))?;
+                .map_err(setup_error("create an RC queue pair"))?;
             qps.push(Some(qp));
             psns.push((seed ^ r.wrapping_mul(0x9e37_79b9)) & 0x00ff_ffff);
         }
         let registrations = Arc::new(AtomicU64::new(0));
-        let recv = anon(recv_slots * cfg.slot_bytes)?;
-        let recv_mr = Mr::register(&pd, recv.as_ptr(), recv.len(), Access::Local).map_err(setup("register the receive slots"))?;
-        let mailbox = anon(8 * cfg.size as usize)?;
+        let recv = anon(recv_slots * cfg.eager.slot_bytes)?;
+        let recv_mr = Mr::register(&pd, recv.as_ptr(), recv.len(), Access::Local).map_err(setup_error("register the receive slots"))?;
+        let mailbox = anon(8 * cfg.eager.size as usize)?;
         let mailbox_mr =
-            Mr::register(&pd, mailbox.as_ptr(), mailbox.len(), Access::RemoteWrite).map_err(setup("register the credit mailbox"))?;
-        let outbox = anon(8 * cfg.size as usize)?;
-        let outbox_mr = Mr::register(&pd, outbox.as_ptr(), outbox.len(), Access::Local).map_err(setup("register the credit outbox"))?;
+            Mr::register(&pd, mailbox.as_ptr(), mailbox.len(), Access::RemoteWrite).map_err(setup_error("register the credit mailbox"))?;
+        let outbox = anon(8 * cfg.eager.size as usize)?;
+        let outbox_mr =
+            Mr::register(&pd, outbox.as_ptr(), outbox.len(), Access::Local).map_err(setup_error("register the credit outbox"))?;
         registrations.fetch_add(3, Ordering::Relaxed);
         let me = Self {
             cfg,
@@ -260,23 +239,28 @@ impl VerbsSetup {
     /// (a QP takes receives once it is out of RESET: after connecting).
     fn post_all_receives(&self, qps: &[Option<Qp>]) -> Result<(), TransportError> {
         let per_peer = (self.credit.slice + CTRL_SLOTS) as usize;
-        let slots = self.recv.len() / self.cfg.slot_bytes;
-        let peers: Vec<usize> = (0..self.cfg.size as usize).filter(|&r| r != self.cfg.rank as usize).collect();
+        let slots = self.recv.len() / self.cfg.eager.slot_bytes;
+        let peers: Vec<usize> = (0..self.cfg.eager.size as usize).filter(|&r| r != self.cfg.eager.rank as usize).collect();
         for i in 0..slots {
-            let addr = self.recv_mr.addr + (i * self.cfg.slot_bytes) as u64;
+            let addr = self.recv_mr.addr + (i * self.cfg.eager.slot_bytes) as u64;
             let res = match &self.srq {
                 // SAFETY: slot i lies in the receive region registered above,
                 // owned by the endpoint until its queues are destroyed.
-                Some(srq) => unsafe { srq.post_recv(i as u64, addr, self.cfg.slot_bytes as u32, self.recv_mr.lkey()) },
+                Some(srq) => unsafe { srq.post_recv(i as u64, addr, self.cfg.eager.slot_bytes as u32, self.recv_mr.lkey()) },
                 None => match peers.get(i / per_peer.max(1)) {
                     // SAFETY: as above, on the owning peer's QP.
                     Some(&r) => unsafe {
-                        qps[r].as_ref().expect("a peer's QP").post_recv(i as u64, addr, self.cfg.slot_bytes as u32, self.recv_mr.lkey())
+                        qps[r].as_ref().expect("a peer's QP").post_recv(
+                            i as u64,
+                            addr,
+                            self.cfg.eager.slot_bytes as u32,
+                            self.recv_mr.lkey(),
+                        )
                     },
                     None => Ok(()), // more slots than peers × share: spare
                 },
             };
-            res.map_err(setup("post a receive slot"))?;
+            res.map_err(setup_error("post a receive slot"))?;
         }
         Ok(())
     }
@@ -305,13 +289,13 @@ impl VerbsSetup {
     /// Connects our queue pair toward every peer. `addresses[r]` is rank r's [`VerbsSetup::address`].
     pub fn connect(self, addresses: &[Vec<u8>]) -> Result<VerbsEndpoint, TransportError> {
         let cfg = &self.cfg;
-        if addresses.len() != cfg.size as usize {
+        if addresses.len() != cfg.eager.size as usize {
             return Err(TransportError::Setup {
-                what: format!("verbs connect got {} addresses for a job of {}", addresses.len(), cfg.size),
+                what: format!("verbs connect got {} addresses for a job of {}", addresses.len(), cfg.eager.size),
                 source: std::io::Error::from(std::io::ErrorKind::InvalidInput),
             });
         }
-        let me = cfg.rank;
+        let me = cfg.eager.rank;
         let mine = host_identity();
         let timing = QpTiming {
             port: self.chosen.port,
@@ -321,12 +305,12 @@ impl VerbsSetup {
             rnr_retry: 6, // credits keep slots posted; an RNR means a bug, reported after retries
             rd_atomic: self.chosen.attr.max_qp_rd_atom.clamp(1, 16) as u8,
         };
-        let mut peers = Vec::with_capacity(cfg.size as usize);
+        let mut peers = Vec::with_capacity(cfg.eager.size as usize);
         let mut qpn_to_peer = Vec::new();
         let mut decoded = Vec::with_capacity(addresses.len());
         for (r, bytes) in addresses.iter().enumerate() {
             let r = r as u32;
-            let a = Address::decode(r, cfg.size, bytes)?;
+            let a = Address::decode(r, cfg.eager.size, bytes)?;
             if let Some(qp) = &self.qps[r as usize] {
                 let (qpn, psn) = a.qp[me as usize];
                 let path =
@@ -361,7 +345,7 @@ impl VerbsSetup {
         let max_inline = peers.iter().flatten().map(|p| p.link.qp.max_inline).min().unwrap_or(0) as usize;
         let hook = |access| VerbsHook { pd: self.pd.clone(), access, count: self.registrations.clone() };
         let send_pool = Pool::new(
-            PoolConfig { buf_size: cfg.slot_bytes, bufs_per_chunk: 64, max_chunks: SEND_BUFS / 64, huge_pages: HugePages::Never },
+            PoolConfig { buf_size: cfg.eager.slot_bytes, bufs_per_chunk: 64, max_chunks: SEND_BUFS / 64, huge_pages: HugePages::Never },
             hook(Access::Local),
         );
         let bounce = Pool::new(
@@ -369,20 +353,7 @@ impl VerbsSetup {
             hook(Access::Remote),
         );
         Ok(VerbsEndpoint {
-            st: RdmaState {
-                rank: me,
-                size: cfg.size,
-                slot_bytes: cfg.slot_bytes,
-                credit: self.credit,
-                peers: PeerList::new(peers),
-                own: OwnQueue::default(),
-                explicit_due: false,
-                reallocated: false,
-                finalized: false,
-                stats: RegistrationStats::default(),
-                registrations: self.registrations,
-                mailbox: self.mailbox,
-            },
+            st: RdmaState { peers: PeerList::new(peers), ..RdmaState::new(&cfg.eager, self.credit, self.registrations, self.mailbox) },
             max_inline,
             bounce_max: cfg.bounce_max,
             // Pieces of at most 1 MiB: a long READ response on a slow link
@@ -559,7 +530,7 @@ impl VerbsEndpoint {
         let mut wcs = [ffi::ibv_wc::default(); CQ_BATCH];
         let mut total = 0;
         loop {
-            let n = self.send_cq.poll(&mut wcs).map_err(setup("poll the send completion queue"))?;
+            let n = self.send_cq.poll(&mut wcs).map_err(setup_error("poll the send completion queue"))?;
             for wc in &wcs[..n] {
                 let peer = (wc.wr_id() >> PEER_SHIFT) as PeerId;
                 let seq = wc.wr_id() & ((1 << PEER_SHIFT) - 1);
@@ -748,7 +719,7 @@ impl RdmaDevice for VerbsEndpoint {
         let mut wcs = [ffi::ibv_wc::default(); CQ_BATCH];
         while n < max {
             let want = CQ_BATCH.min(max - n);
-            let got = self.recv_cq.poll(&mut wcs[..want]).map_err(setup("poll the receive completion queue"))?;
+            let got = self.recv_cq.poll(&mut wcs[..want]).map_err(setup_error("poll the receive completion queue"))?;
             for wc in &wcs[..got] {
                 let slot = wc.wr_id() as usize;
                 let peer = match self.qpn_to_peer.binary_search_by_key(&wc.qp_num, |&(q, _)| q) {

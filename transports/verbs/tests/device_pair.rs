@@ -5,13 +5,16 @@
 
 use std::time::{Duration, Instant};
 
+use fmx_transport::rdma::EagerConfig;
 use fmx_transport::{Endpoint, MsgHeader, MsgKind, OpStatus, PeerState, RemoteKey, SendOutcome, TransportError};
 use fmx_verbs::{VerbsConfig, VerbsEndpoint, VerbsSetup};
 
 const NEEDS: &str = "needs an RDMA device: run by hw-tests/rxe-vm/run";
 
 fn cfg(rank: u32, pool: u32, srq: bool) -> VerbsConfig {
-    VerbsConfig { pool, newcomer: 1, threshold: Some(1), srq, slot_bytes: 256, ..VerbsConfig::from_env(rank, 2).unwrap() }
+    let base = VerbsConfig::from_env(rank, 2).unwrap();
+    let eager = EagerConfig { pool, newcomer: 1, threshold: Some(1), slot_bytes: 256, ..base.eager.clone() };
+    VerbsConfig { eager, srq, ..base }
 }
 
 fn pair_with(a: VerbsConfig, b: VerbsConfig) -> (VerbsEndpoint, VerbsEndpoint) {

@@ -1,0 +1,118 @@
+//! What only the device can do.
+
+use super::sealed::{Core, Sealed};
+use super::RdmaState;
+use crate::ops::{Operations, Piece};
+use crate::{MsgHeader, PeerId, RemoteKey, SendOutcome, TransportError, HEADER_BYTES};
+
+/// Whether the device took an operation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Posted {
+    /// Posted.
+    Yes,
+    /// No room for now (a full queue, no free context): try again after progress.
+    Again,
+}
+
+/// What only the device can do; the rest of an RDMA endpoint is shared.
+pub trait RdmaDevice: Sealed {
+    /// The device's part of a peer (a queue pair, an address).
+    type Link;
+    /// What the device keeps for the local side of a one-sided operation
+    /// until its report (a registration for the operation, a bounce buffer).
+    type Local;
+    /// A piece's descriptor of its local memory (an lkey, a libfabric `desc`).
+    type Desc: Copy;
+
+    /// The shared state.
+    fn state(&self) -> &RdmaState<Self::Link>;
+
+    /// The shared state, to change.
+    fn state_mut(&mut self, _: Core) -> &mut RdmaState<Self::Link>;
+
+    /// Sends the encoded header and `payload` to `peer`, whose credit the core
+    /// has taken (and gives back unless this answers `Sent`): `Backpressure`
+    /// when the device has no room for now.
+    fn send_eager(&mut self, _: Core, peer: PeerId, header: &[u8; HEADER_BYTES], payload: &[u8]) -> Result<SendOutcome, TransportError>;
+
+    /// Reads completions of every kind, hands up to `max` received messages
+    /// to `sink` through [`RdmaState::deliver`], and reposts their slots
+    /// ([`RdmaState::released`]). Returns how many it handed.
+    fn receive<F>(&mut self, _: Core, max: usize, sink: &mut F) -> Result<usize, TransportError>
+    where
+        F: FnMut(PeerId, &MsgHeader, &[u8]);
+
+    /// A key through which peers read (or, when `writable`, write) `[ptr, ptr+len)`.
+    fn expose_region(&mut self, _: Core, ptr: *mut u8, len: usize, writable: bool) -> Result<RemoteKey, TransportError>;
+
+    /// Ends the exposure behind `key` (copying a bounce buffer peers wrote into).
+    fn end_exposure(&mut self, _: Core, key: &RemoteKey);
+
+    /// `Endpoint::abandon`: the device cannot end its operations by itself unless it says so.
+    fn abandon_operations(&mut self, _: Core, why: &str) -> bool {
+        let _ = why;
+        false
+    }
+
+    /// `Endpoint::split_rendezvous`.
+    fn splits_rendezvous(&self) -> bool {
+        true
+    }
+
+    /// `Endpoint::large_message_path`.
+    fn large_path(&self) -> String;
+
+    /// `Endpoint::register_owned`.
+    fn register_buffer(&mut self, _: Core, region: &[u8]) -> Result<(), TransportError>;
+
+    /// `Endpoint::deregister_owned`.
+    fn deregister_buffer(&mut self, _: Core, region: &[u8]);
+
+    /// The one-sided operations in flight.
+    fn operations(&mut self, _: Core) -> &mut Operations<Self::Local, Self::Desc>;
+
+    /// The largest piece posted as one operation.
+    fn max_piece(&self) -> usize;
+
+    /// The local side of an operation on `[local, local+len)` toward `peer`:
+    /// the address the device moves from or to (the buffer itself, or a
+    /// bounce buffer, filled now for a write), its descriptor, and what to
+    /// keep until the report.
+    fn local_side(
+        &mut self,
+        _: Core,
+        peer: PeerId,
+        local: *mut u8,
+        len: usize,
+        read: bool,
+    ) -> Result<(u64, Self::Desc, Self::Local), TransportError>;
+
+    /// Posts one piece. An error fails the piece's operation.
+    fn post_piece(&mut self, _: Core, piece: &Piece<Self::Desc>) -> Result<Posted, TransportError>;
+
+    /// Ends the local side of a finished operation: copies a bounce buffer
+    /// into the user's buffer when a read succeeded, drops a registration.
+    fn finish_local(&mut self, _: Core, id: u64, local: Self::Local, succeeded: bool);
+
+    /// Work the device queued itself and retries before new pieces (the
+    /// emulated operations of a libfabric provider without RMA).
+    fn before_posting(&mut self, _: Core) -> Result<(), TransportError> {
+        Ok(())
+    }
+
+    /// Reads the send side's completions: frees what they held, marks peers
+    /// whose operations failed dead.
+    fn progress(&mut self, _: Core) -> Result<(), TransportError>;
+
+    /// Writes our credit word into the mailbox of every owed peer (every
+    /// live one when `all`); sets `explicit_due` for those the device has no
+    /// room for now.
+    fn return_credits(&mut self, _: Core, all: bool) -> Result<(), TransportError>;
+
+    /// Probes `peer` when due (a read or write of its mailbox): a peer on
+    /// another host is known dead only when an operation toward it fails.
+    fn probe(&mut self, _: Core, peer: PeerId);
+
+    /// Whether a credit word toward a live peer has not left yet.
+    fn words_in_flight(&mut self, _: Core) -> bool;
+}

@@ -1,0 +1,251 @@
+//! The `Endpoint` of every RDMA device: the parts that are the same on all
+//! of them, over [`RdmaDevice`].
+
+use std::time::{Duration, Instant};
+
+use super::sealed::Core;
+use super::{Admit, Posted, RdmaDevice};
+use crate::{Endpoint, MsgHeader, OpStatus, PeerId, PeerState, ReceiveMemory, RegistrationStats, RemoteKey, SendOutcome, TransportError};
+
+/// The token the core passes to the device.
+const CORE: Core = Core(());
+
+/// How long finalize waits for its last credit words to leave.
+const FINALIZE_WAIT: Duration = Duration::from_secs(2);
+
+/// `Endpoint::peer_state`.
+fn shared_peer_state<D: RdmaDevice>(d: &mut D, peer: PeerId) -> PeerState {
+    let st = d.state_mut(CORE);
+    if peer == st.rank {
+        return if st.finalized { PeerState::Finalized } else { PeerState::Alive };
+    }
+    if peer >= st.size {
+        return PeerState::Dead;
+    }
+    let _ = d.progress(CORE); // completions may tell that it is gone
+    let st = d.state_mut(CORE);
+    if let Some(state) = st.peers.departed(&st.mailbox, peer) {
+        return state;
+    }
+    d.probe(CORE, peer); // another host: a failed probe marks it dead
+    PeerState::Alive
+}
+
+/// `Endpoint::reallocate_credits`: once, every peer gets its share.
+fn shared_reallocate_credits<D: RdmaDevice>(d: &mut D) -> Result<(), TransportError> {
+    let st = d.state_mut(CORE);
+    if st.reallocated {
+        return Ok(());
+    }
+    st.reallocated = true;
+    let credit = st.credit;
+    st.peers.reallocate(&credit);
+    d.return_credits(CORE, true)
+}
+
+/// `Endpoint::finalize`: tells every peer, through its mailbox word, and
+/// waits (bounded) until those words have left, since after our exit
+/// the device would not send them.
+fn shared_finalize<D: RdmaDevice>(d: &mut D) -> Result<(), TransportError> {
+    if d.state_mut(CORE).finalized {
+        return Ok(());
+    }
+    d.state_mut(CORE).finalized = true;
+    let deadline = Instant::now() + FINALIZE_WAIT;
+    loop {
+        d.progress(CORE)?;
+        d.return_credits(CORE, true)?;
+        if !d.state_mut(CORE).explicit_due || Instant::now() >= deadline {
+            break;
+        }
+        std::thread::yield_now();
+    }
+    while d.words_in_flight(CORE) && Instant::now() < deadline {
+        d.progress(CORE)?;
+        std::thread::yield_now();
+    }
+    Ok(())
+}
+
+/// Starts a one-sided operation in pieces of at most [`RdmaDevice::max_piece`];
+/// the pieces the device has no room for wait (never spinning) for the
+/// next `Endpoint::poll_ops`.
+fn shared_one_sided<D: RdmaDevice>(
+    d: &mut D,
+    peer: PeerId,
+    remote: &RemoteKey,
+    local: *mut u8,
+    len: usize,
+    read: bool,
+) -> Result<OpStatus, TransportError> {
+    let remote = remote.slice(peer, 0, len as u64)?;
+    d.state_mut(CORE).peers.alive(peer)?;
+    if len == 0 {
+        return Ok(OpStatus::Done);
+    }
+    let (base, desc, keep) = d.local_side(CORE, peer, local, len, read)?;
+    let piece = d.max_piece();
+    let id = d.operations(CORE).start(peer, base, len, desc, &remote, read, piece, keep);
+    shared_post_pending(d)?;
+    Ok(OpStatus::Pending(id))
+}
+
+/// Posts queued pieces while the device takes them; a piece toward a
+/// peer that is gone fails at once.
+fn shared_post_pending<D: RdmaDevice>(d: &mut D) -> Result<(), TransportError> {
+    d.before_posting(CORE)?;
+    while let Some(pc) = d.operations(CORE).pop() {
+        if let Some(reason) = d.state_mut(CORE).gone(pc.peer) {
+            d.operations(CORE).piece_done(pc.op, Some(TransportError::PeerGone { peer: pc.peer, reason }));
+            continue;
+        }
+        match d.post_piece(CORE, &pc) {
+            Ok(Posted::Yes) => {}
+            Ok(Posted::Again) => {
+                d.operations(CORE).push_front(pc);
+                return Ok(());
+            }
+            // Pieces already posted complete later; the operation reports this error then.
+            Err(e) => d.operations(CORE).piece_done(pc.op, Some(e)),
+        }
+    }
+    Ok(())
+}
+
+/// `Endpoint::poll_ops`: reads completions, posts what waits, and reports
+/// every finished operation once its local side is ended.
+fn shared_poll_ops<D: RdmaDevice, F>(d: &mut D, mut done: F) -> Result<usize, TransportError>
+where
+    F: FnMut(u64, Result<(), TransportError>),
+{
+    d.progress(CORE)?;
+    shared_post_pending(d)?;
+    let finished = d.operations(CORE).take_done();
+    let n = finished.len();
+    for f in finished {
+        d.finish_local(CORE, f.id, f.local, f.result.is_ok());
+        done(f.id, f.result);
+    }
+    Ok(n)
+}
+
+/// The endpoint every RDMA device is: the shared core with the device's parts.
+impl<D: RdmaDevice + Send> Endpoint for D {
+    fn local_id(&self) -> PeerId {
+        self.state().rank
+    }
+
+    fn num_peers(&self) -> u32 {
+        self.state().size
+    }
+
+    fn max_eager(&self) -> usize {
+        self.state().max_eager()
+    }
+
+    fn try_send(&mut self, peer: PeerId, header: &MsgHeader, payload: &[u8]) -> Result<SendOutcome, TransportError> {
+        let st = self.state_mut(CORE);
+        let class = match st.admit(peer, header, payload)? {
+            Admit::Answer(outcome) => return Ok(outcome),
+            Admit::Go(class) => class,
+        };
+        // The credit and the piggybacked returns count only if the send goes out.
+        let saved = st.peers.alive(peer)?.credits.clone();
+        let wire = st.take_credit(peer, class, header)?;
+        let out = self.send_eager(CORE, peer, &wire, payload);
+        if !matches!(out, Ok(SendOutcome::Sent)) {
+            if let Some(Some(p)) = self.state_mut(CORE).peers.get_mut(peer as usize) {
+                p.credits = saved;
+            }
+        }
+        out
+    }
+
+    fn credit(&mut self, peer: PeerId) -> SendOutcome {
+        self.state_mut(CORE).credit(peer)
+    }
+
+    fn poll<F>(&mut self, max: usize, mut sink: F) -> Result<usize, TransportError>
+    where
+        F: FnMut(PeerId, &MsgHeader, &[u8]),
+    {
+        let st = self.state_mut(CORE);
+        let rank = st.rank;
+        let mut n = st.own.drain(rank, max, &mut sink);
+        n += self.receive(CORE, max - n, &mut sink)?;
+        shared_post_pending(self)?;
+        if self.state().explicit_due {
+            self.return_credits(CORE, false)?;
+        }
+        Ok(n)
+    }
+
+    unsafe fn expose(&mut self, buf: &[u8]) -> Result<RemoteKey, TransportError> {
+        // Not writable: the region is only read through this pointer.
+        self.expose_region(CORE, buf.as_ptr().cast_mut(), buf.len(), false)
+    }
+
+    unsafe fn expose_mut(&mut self, buf: &mut [u8]) -> Result<RemoteKey, TransportError> {
+        self.expose_region(CORE, buf.as_mut_ptr(), buf.len(), true)
+    }
+
+    fn revoke(&mut self, key: &RemoteKey) {
+        self.end_exposure(CORE, key);
+    }
+
+    unsafe fn read(&mut self, peer: PeerId, remote: &RemoteKey, local: &mut [u8]) -> Result<OpStatus, TransportError> {
+        shared_one_sided(self, peer, remote, local.as_mut_ptr(), local.len(), true)
+    }
+
+    unsafe fn write(&mut self, peer: PeerId, local: &[u8], remote: &RemoteKey) -> Result<OpStatus, TransportError> {
+        // A write only reads `local`; the pointer is not written through.
+        shared_one_sided(self, peer, remote, local.as_ptr().cast_mut(), local.len(), false)
+    }
+
+    fn abandon(&mut self, why: &str) -> bool {
+        self.abandon_operations(CORE, why)
+    }
+
+    fn poll_ops<F>(&mut self, done: F) -> Result<usize, TransportError>
+    where
+        F: FnMut(u64, Result<(), TransportError>),
+    {
+        shared_poll_ops(self, done)
+    }
+
+    fn peer_state(&mut self, peer: PeerId) -> PeerState {
+        shared_peer_state(self, peer)
+    }
+
+    fn reallocate_credits(&mut self) -> Result<(), TransportError> {
+        shared_reallocate_credits(self)
+    }
+
+    fn receive_memory(&self) -> ReceiveMemory {
+        self.state().receive_memory()
+    }
+
+    fn split_rendezvous(&self) -> bool {
+        self.splits_rendezvous()
+    }
+
+    fn large_message_path(&self) -> String {
+        self.large_path()
+    }
+
+    fn register_owned(&mut self, region: &[u8]) -> Result<(), TransportError> {
+        self.register_buffer(CORE, region)
+    }
+
+    fn deregister_owned(&mut self, region: &[u8]) {
+        self.deregister_buffer(CORE, region);
+    }
+
+    fn registration_stats(&self) -> RegistrationStats {
+        self.state().registration_stats()
+    }
+
+    fn finalize(&mut self) -> Result<(), TransportError> {
+        shared_finalize(self)
+    }
+}

@@ -1,0 +1,247 @@
+//! What every RDMA endpoint keeps alike, and the eager pool's settings.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use memmap2::MmapMut;
+
+use super::{CTRL_SLOTS, DEFAULT_NEWCOMER_CREDITS, DEFAULT_POOL_SLOTS, DEFAULT_SLOT_BYTES};
+use crate::credit::{Class, CreditConfig, Gate};
+use crate::own::{OwnQueue, OWN_SLOTS};
+use crate::peers::{Peer, PeerList, RdmaPeer};
+use crate::settings::{env_limited, limits};
+use crate::{MsgHeader, MsgKind, PeerId, ReceiveMemory, RegistrationStats, SendOutcome, TransportError, HEADER_BYTES};
+
+/// The eager pool's settings, alike on every RDMA device.
+#[derive(Clone, Debug)]
+pub struct EagerConfig {
+    /// Our index.
+    pub rank: u32,
+    /// Processes in the job.
+    pub size: u32,
+    /// Eager pool slots (`P`).
+    pub pool: u32,
+    /// Bytes per slot.
+    pub slot_bytes: usize,
+    /// Newcomer credits (`c0`).
+    pub newcomer: u32,
+    /// Owed credits that trigger an explicit return (`None`: half the slice).
+    pub threshold: Option<u32>,
+}
+
+impl EagerConfig {
+    /// Defaults, overridden by `FMX_POOL_SLOTS`, `FMX_SLOT_BYTES`,
+    /// `FMX_NEWCOMER_CREDITS` and `FMX_CREDIT_THRESHOLD`.
+    pub fn from_env(rank: u32, size: u32) -> Result<Self, TransportError> {
+        Ok(Self {
+            rank,
+            size,
+            pool: env_limited("FMX_POOL_SLOTS", limits::POOL_SLOTS)?.map_or(DEFAULT_POOL_SLOTS, |n| n as u32),
+            slot_bytes: env_limited("FMX_SLOT_BYTES", limits::SLOT_BYTES)?.unwrap_or(DEFAULT_SLOT_BYTES),
+            newcomer: env_limited("FMX_NEWCOMER_CREDITS", limits::NEWCOMER_CREDITS)?.map_or(DEFAULT_NEWCOMER_CREDITS, |n| n as u32),
+            threshold: env_limited("FMX_CREDIT_THRESHOLD", limits::CREDIT_THRESHOLD)?.map(|n| n as u32),
+        })
+    }
+
+    /// FM's credits for this pool, checked against the job's size.
+    pub fn credits(&self) -> Result<CreditConfig, TransportError> {
+        CreditConfig::for_transport(self.pool, self.size.saturating_sub(1), self.newcomer, self.threshold, CTRL_SLOTS, "FMX_POOL_SLOTS")
+    }
+
+    /// Receive slots to post: the eager pool and the control slots of every peer.
+    pub fn receive_slots(&self) -> usize {
+        (self.pool + CTRL_SLOTS * self.size.saturating_sub(1)) as usize
+    }
+}
+
+/// What every RDMA endpoint keeps alike; `L` is the device's part of a peer.
+pub struct RdmaState<L> {
+    /// Our index.
+    pub rank: u32,
+    /// Processes in the job.
+    pub size: u32,
+    /// Bytes of a receive slot, header included.
+    pub slot_bytes: usize,
+    /// The eager pool's shape (FM's credits).
+    pub credit: CreditConfig,
+    /// Every peer but ourselves.
+    pub peers: PeerList<Peer<L>>,
+    /// Messages to ourselves.
+    pub own: OwnQueue,
+    /// Some peer is owed an explicit credit return.
+    pub explicit_due: bool,
+    /// Every peer got its share of the pool (after the job's shape was known).
+    pub reallocated: bool,
+    /// We called finalize: our mailbox words say so.
+    pub finalized: bool,
+    /// Registrations by kind (the total is `registrations`).
+    pub stats: RegistrationStats,
+    /// Registrations made, shared with the pools' registration hooks.
+    pub registrations: Arc<AtomicU64>,
+    /// One word per peer: its cumulative credit returns, written by its device.
+    pub mailbox: MmapMut,
+}
+
+/// What [`RdmaState::admit`] decided about an eager send.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Admit {
+    /// Answer the caller now (a message to ourselves went in or met
+    /// backpressure; or the peer has no credit for us).
+    Answer(SendOutcome),
+    /// A credit of this class is there: gather the device's resources, then
+    /// take it with [`RdmaState::take_credit`].
+    Go(Class),
+}
+
+impl<L> RdmaState<L> {
+    /// The state of a new endpoint, before its peers are connected.
+    pub fn new(cfg: &EagerConfig, credit: CreditConfig, registrations: Arc<AtomicU64>, mailbox: MmapMut) -> Self {
+        Self {
+            rank: cfg.rank,
+            size: cfg.size,
+            slot_bytes: cfg.slot_bytes,
+            credit,
+            peers: PeerList::new(Vec::new()),
+            own: OwnQueue::default(),
+            explicit_due: false,
+            reallocated: false,
+            finalized: false,
+            stats: RegistrationStats::default(),
+            registrations,
+            mailbox,
+        }
+    }
+
+    /// The largest eager payload.
+    pub fn max_eager(&self) -> usize {
+        self.slot_bytes - HEADER_BYTES
+    }
+
+    /// The first half of `try_send`, the same on every RDMA device: checks the
+    /// size, serves a message to ourselves, and applies FM's send rule to the
+    /// peer (reading the credits it returned when ours are short).
+    pub fn admit(&mut self, peer: PeerId, header: &MsgHeader, payload: &[u8]) -> Result<Admit, TransportError> {
+        let max = self.max_eager();
+        if payload.len() > max {
+            return Err(TransportError::EagerTooLarge { len: payload.len(), max });
+        }
+        if peer == self.rank {
+            return Ok(Admit::Answer(self.own.push(header, payload)));
+        }
+        let class = Class::of(header.kind);
+        if self.peers.alive(peer)?.credits().peek(class) == Gate::Backpressure {
+            self.peers.read_mailbox(&self.mailbox, peer);
+        }
+        Ok(match self.peers.alive(peer)?.credits().peek(class) {
+            Gate::Go => Admit::Go(class),
+            Gate::Backpressure => Admit::Answer(SendOutcome::Backpressure),
+            Gate::NotAllowed => Admit::Answer(SendOutcome::NotAllowed),
+        })
+    }
+
+    /// Takes the credit [`RdmaState::admit`] saw and returns the header as it
+    /// goes on the wire, encoded, carrying the credits we return piggybacked.
+    pub fn take_credit(&mut self, peer: PeerId, class: Class, header: &MsgHeader) -> Result<[u8; HEADER_BYTES], TransportError> {
+        let credits = self.peers.alive(peer)?.credits();
+        let gate = credits.try_take(class);
+        debug_assert_eq!(gate, Gate::Go, "admit saw a credit");
+        let mut h = *header;
+        (h.credits, h.ctrl_credits) = credits.piggyback();
+        let mut bytes = [0u8; HEADER_BYTES];
+        h.encode(&mut bytes);
+        Ok(bytes)
+    }
+
+    /// `Endpoint::credit`: whether an eager message to `peer` would go now.
+    pub fn credit(&mut self, peer: PeerId) -> SendOutcome {
+        if peer == self.rank {
+            return self.own.credit();
+        }
+        self.peers.credit(&self.mailbox, peer)
+    }
+
+    /// Takes a received message out of its slot: checks the sender, decodes
+    /// the header, takes the credits it returns, and hands it to `sink`
+    /// unless it carried only credits. Returns the class of the slot, whose
+    /// credit goes back to the sender once the device has reposted it.
+    pub fn deliver<F>(&mut self, peer: PeerId, bytes: &[u8], undecodable: &'static str, sink: &mut F) -> Result<Class, TransportError>
+    where
+        F: FnMut(PeerId, &MsgHeader, &[u8]),
+    {
+        let Some(Some(p)) = self.peers.get_mut(peer as usize) else {
+            return Err(TransportError::Malformed { peer, what: "eager message from a rank that is not a peer" });
+        };
+        let h = MsgHeader::decode(bytes).map_err(|_| TransportError::Malformed { peer, what: undecodable })?;
+        p.credits().on_receive(h.credits, h.ctrl_credits);
+        if !matches!(h.kind, MsgKind::Credit | MsgKind::Internal) {
+            sink(peer, &h, &bytes[HEADER_BYTES..]);
+        }
+        Ok(Class::of(h.kind))
+    }
+
+    /// The slot `peer` sent into is free again (reposted): its credit goes
+    /// back, with the next message or an explicit return.
+    pub fn released(&mut self, peer: PeerId, class: Class) {
+        if let Some(Some(p)) = self.peers.get_mut(peer as usize) {
+            p.credits().on_release(class);
+        }
+        self.explicit_due = true;
+    }
+
+    /// The peers owed a credit return now (every live one when `all`), with
+    /// the word to write into their mailbox.
+    pub fn owed_returns(&mut self, all: bool) -> Vec<PeerId> {
+        let credit = &self.credit;
+        (0..self.size)
+            .filter(|&r| match self.peers.get_mut(r as usize) {
+                Some(Some(p)) => p.life().failure().is_none() && (all || p.credits().wants_explicit(credit)),
+                _ => false,
+            })
+            .collect()
+    }
+
+    /// The mailbox word that returns our credits to `peer` (and tells whether
+    /// we finalized); counts them as returned.
+    pub fn return_word(&mut self, peer: PeerId) -> u64 {
+        let finalized = self.finalized;
+        let p = self.peers[peer as usize].as_mut().expect("owed_returns names peers");
+        let (d, k) = p.credits().explicit();
+        crate::credit::mailbox::encode(d, k, finalized)
+    }
+
+    /// Counts a registration made for one operation.
+    pub fn count_per_operation(&mut self) {
+        self.stats.per_operation += 1;
+        self.registrations.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Counts a registration of any other kind.
+    pub fn count_registration(&self) {
+        self.registrations.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// `Endpoint::registration_stats`.
+    pub fn registration_stats(&self) -> RegistrationStats {
+        RegistrationStats { registrations: self.registrations.load(Ordering::Relaxed), ..self.stats }
+    }
+
+    /// `Endpoint::receive_memory`: slots never resize on these devices.
+    pub fn receive_memory(&self) -> ReceiveMemory {
+        ReceiveMemory::fixed(&self.credit, self.size.saturating_sub(1), self.slot_bytes, OWN_SLOTS)
+    }
+
+    /// Why `peer` cannot be reached (`None` while it lives).
+    pub fn gone(&self, peer: PeerId) -> Option<String> {
+        match self.peers.get(peer as usize) {
+            Some(Some(p)) => p.life().failure().map(str::to_owned),
+            _ => Some("not a peer of this endpoint".to_owned()),
+        }
+    }
+
+    /// Marks `peer` dead for `reason` (the first reason stays).
+    pub fn mark_dead(&mut self, peer: PeerId, reason: String, flushed: bool) {
+        if let Some(Some(p)) = self.peers.get_mut(peer as usize) {
+            p.life_mut().mark_dead(reason, flushed);
+        }
+    }
+}

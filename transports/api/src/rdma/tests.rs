@@ -1,0 +1,252 @@
+//! The shared RDMA core over a device made of memory: two endpoints in one
+//! process, whose "device" moves eager messages through queues, credit words
+//! into the peer's mailbox and one-sided pieces by copying. What is checked
+//! is the core's part, the same for verbs and libfabric: FM's send rule and
+//! credits through the `Endpoint` every device gets, pieces that wait for
+//! room instead of spinning, and finalize seen through the mailbox.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use super::sealed::{Core, Sealed};
+use super::*;
+use crate::ops::{Operations, Piece};
+use crate::peers::Peer;
+use crate::{Endpoint, MsgHeader, MsgKind, OpStatus, PeerId, PeerState, RemoteKey, SendOutcome, TransportError};
+
+/// Messages in flight to each rank: (sender, header and payload).
+type Wires = Arc<Mutex<Vec<VecDeque<(PeerId, Vec<u8>)>>>>;
+
+struct MemoryDevice {
+    st: RdmaState<()>,
+    wires: Wires,
+    /// Where each rank's mailbox lives.
+    mailboxes: Arc<Mutex<Vec<usize>>>,
+    ops: Operations<(), ()>,
+    /// Pieces the device takes before it answers "again".
+    room: usize,
+    /// The most messages that ever waited for one receiver.
+    deepest: Arc<Mutex<usize>>,
+}
+
+impl Sealed for MemoryDevice {}
+
+impl RdmaDevice for MemoryDevice {
+    type Link = ();
+    type Local = ();
+    type Desc = ();
+
+    fn state(&self) -> &RdmaState<()> {
+        &self.st
+    }
+    fn state_mut(&mut self, _: Core) -> &mut RdmaState<()> {
+        &mut self.st
+    }
+    fn send_eager(
+        &mut self,
+        _: Core,
+        peer: PeerId,
+        header: &[u8; crate::HEADER_BYTES],
+        payload: &[u8],
+    ) -> Result<SendOutcome, TransportError> {
+        let mut wires = self.wires.lock().expect("wires");
+        wires[peer as usize].push_back((self.st.rank, [&header[..], payload].concat()));
+        let mut deepest = self.deepest.lock().expect("depth");
+        *deepest = (*deepest).max(wires[peer as usize].len());
+        Ok(SendOutcome::Sent)
+    }
+    fn receive<F>(&mut self, _: Core, max: usize, sink: &mut F) -> Result<usize, TransportError>
+    where
+        F: FnMut(PeerId, &MsgHeader, &[u8]),
+    {
+        let mut n = 0;
+        while n < max {
+            let Some((peer, bytes)) = self.wires.lock().expect("wires")[self.st.rank as usize].pop_front() else { break };
+            let class = self.st.deliver(peer, &bytes, "undecodable header in memory", sink)?;
+            self.st.released(peer, class);
+            n += 1;
+        }
+        Ok(n)
+    }
+    fn expose_region(&mut self, _: Core, ptr: *mut u8, len: usize, _writable: bool) -> Result<RemoteKey, TransportError> {
+        Ok(RemoteKey { addr: ptr as u64, len: len as u64, key: 1 })
+    }
+    fn end_exposure(&mut self, _: Core, _key: &RemoteKey) {}
+    fn large_path(&self) -> String {
+        "a copy in memory".into()
+    }
+    fn register_buffer(&mut self, _: Core, _region: &[u8]) -> Result<(), TransportError> {
+        Ok(())
+    }
+    fn deregister_buffer(&mut self, _: Core, _region: &[u8]) {}
+    fn operations(&mut self, _: Core) -> &mut Operations<(), ()> {
+        &mut self.ops
+    }
+    fn max_piece(&self) -> usize {
+        4
+    }
+    fn local_side(&mut self, _: Core, _peer: PeerId, local: *mut u8, _len: usize, _read: bool) -> Result<(u64, (), ()), TransportError> {
+        Ok((local as u64, (), ()))
+    }
+    fn post_piece(&mut self, _: Core, pc: &Piece<()>) -> Result<Posted, TransportError> {
+        if self.room == 0 {
+            return Ok(Posted::Again);
+        }
+        self.room -= 1;
+        let (from, to) = if pc.read { (pc.remote_addr, pc.local) } else { (pc.local, pc.remote_addr) };
+        // SAFETY: both ranges lie in buffers of this test that outlive the
+        // operation (the remote one exposed, the local one lent until poll_ops).
+        unsafe { std::ptr::copy(from as *const u8, to as *mut u8, pc.len) };
+        self.ops.piece_done(pc.op, None);
+        Ok(Posted::Yes)
+    }
+    fn finish_local(&mut self, _: Core, _id: u64, _local: (), _succeeded: bool) {}
+    fn progress(&mut self, _: Core) -> Result<(), TransportError> {
+        Ok(())
+    }
+    fn return_credits(&mut self, _: Core, all: bool) -> Result<(), TransportError> {
+        self.st.explicit_due = false;
+        for peer in self.st.owed_returns(all) {
+            let word = self.st.return_word(peer);
+            let base = self.mailboxes.lock().expect("mailboxes")[peer as usize];
+            // SAFETY: the peer's mailbox map lives as long as the pair (both
+            // endpoints drop together) and holds a word for every rank.
+            let slot = unsafe { &*(base as *const AtomicU64).add(self.st.rank as usize) };
+            slot.store(word, Ordering::Release);
+        }
+        Ok(())
+    }
+    fn probe(&mut self, _: Core, _peer: PeerId) {}
+    fn words_in_flight(&mut self, _: Core) -> bool {
+        false
+    }
+}
+
+/// Two endpoints: pool of 8 slots, newcomer credits 2, a return after 1.
+fn pair() -> (MemoryDevice, MemoryDevice, Arc<Mutex<usize>>) {
+    let wires: Wires = Arc::new(Mutex::new(vec![VecDeque::new(), VecDeque::new()]));
+    let mailboxes = Arc::new(Mutex::new(vec![0; 2]));
+    let deepest = Arc::new(Mutex::new(0));
+    let make = |rank: u32| {
+        let cfg = EagerConfig { rank, size: 2, pool: 8, slot_bytes: 256, newcomer: 2, threshold: Some(1) };
+        let mailbox = memmap2::MmapMut::map_anon(16).expect("a mailbox");
+        mailboxes.lock().expect("mailboxes")[rank as usize] = mailbox.as_ptr() as usize;
+        let mut st = RdmaState::new(&cfg, cfg.credits().expect("credits"), Arc::default(), mailbox);
+        let host = crate::liveness::host_identity();
+        let peer = Peer {
+            credits: crate::credit::PeerCredits::new(&st.credit, 1 - rank < rank),
+            life: crate::liveness::PeerLife::new(std::process::id(), &host, &host),
+            mailbox_addr: 0,
+            mailbox_key: 0,
+            link: (),
+        };
+        let mut peers = vec![None, None];
+        peers[1 - rank as usize] = Some(peer);
+        st.peers = crate::peers::PeerList::new(peers);
+        MemoryDevice {
+            st,
+            wires: wires.clone(),
+            mailboxes: mailboxes.clone(),
+            ops: Operations::default(),
+            room: usize::MAX,
+            deepest: deepest.clone(),
+        }
+    };
+    (make(0), make(1), deepest)
+}
+
+fn header(n: u64) -> MsgHeader {
+    MsgHeader { kind: MsgKind::Eager, credits: 0, ctrl_credits: 0, payload_len: 0, match_bits: n, len: 0, cookie: 0 }
+}
+
+fn drain(ep: &mut MemoryDevice) -> Vec<(PeerId, u64, Vec<u8>)> {
+    let mut got = Vec::new();
+    ep.poll(64, |p, h, b| got.push((p, h.match_bits, b.to_vec()))).expect("poll");
+    got
+}
+
+#[test]
+fn the_send_rule_and_credits_bound_what_waits_at_a_receiver() {
+    let (mut a, mut b, deepest) = pair();
+    // FM's send rule: the lower rank waits until the higher one has sent.
+    assert_eq!(a.try_send(1, &header(0), b"x").expect("send"), SendOutcome::NotAllowed);
+    let mut sent = 0;
+    while b.try_send(0, &header(sent), &[sent as u8; 3]).expect("send") == SendOutcome::Sent {
+        sent += 1;
+    }
+    assert_eq!(sent, 2, "a newcomer sends its two credits, then meets backpressure");
+    assert_eq!(*deepest.lock().expect("depth"), 2);
+    let got = drain(&mut a);
+    assert_eq!(got, vec![(1, 0, vec![0; 3]), (1, 1, vec![1; 3])], "in order, with their payloads");
+    // a returned the two slots through b's mailbox; b sends again, and a may answer now.
+    assert_eq!(b.try_send(0, &header(2), b"again").expect("send"), SendOutcome::Sent);
+    assert_eq!(a.try_send(1, &header(9), b"reply").expect("send"), SendOutcome::Sent);
+    assert_eq!(drain(&mut b), vec![(0, 9, b"reply".to_vec())]);
+    for n in 0..200 {
+        while b.try_send(0, &header(n), b"stream").expect("send") != SendOutcome::Sent {
+            drain(&mut a);
+        }
+    }
+    drain(&mut a);
+    assert_eq!(*deepest.lock().expect("depth"), 2, "never more than b's credits wait at a");
+    // Once the job's shape is known, b gets a's whole slice (8 slots) through its mailbox.
+    a.reallocate_credits().expect("reallocate");
+    b.reallocate_credits().expect("reallocate");
+    let mut burst = 0;
+    while b.try_send(0, &header(burst), b"burst").expect("send") == SendOutcome::Sent {
+        burst += 1;
+    }
+    assert_eq!(burst, 8);
+    assert_eq!(drain(&mut a).len(), 8);
+}
+
+#[test]
+fn pieces_wait_for_room_and_an_operation_reports_once_all_moved() {
+    let (mut a, mut b, _) = pair();
+    let mut exposed = (0u8..10).collect::<Vec<u8>>();
+    // SAFETY: `exposed` outlives the read below and is not touched until the revoke.
+    let key = unsafe { a.expose_mut(&mut exposed) }.expect("expose");
+    let mut local = vec![0u8; 10];
+    b.room = 1;
+    // SAFETY: `local` stays alive and untouched until poll_ops reports the read.
+    let id = match unsafe { b.read(0, &key, &mut local) }.expect("read") {
+        OpStatus::Pending(id) => id,
+        OpStatus::Done => panic!("10 bytes in pieces of 4 cannot be done at once"),
+    };
+    let mut done = Vec::new();
+    b.poll_ops(|id, r| done.push((id, r.is_ok()))).expect("poll_ops");
+    assert!(done.is_empty(), "two pieces wait for room; nothing is reported");
+    b.room = usize::MAX;
+    b.poll_ops(|id, r| done.push((id, r.is_ok()))).expect("poll_ops");
+    assert_eq!(done, vec![(id, true)]);
+    assert_eq!(local, (0u8..10).collect::<Vec<u8>>());
+    let out = [7u8; 6];
+    // SAFETY: `out` outlives the write, reported before the assertions below.
+    let id = match unsafe { b.write(0, &out, &key.slice(0, 2, 6).expect("in bounds")) }.expect("write") {
+        OpStatus::Pending(id) => id,
+        OpStatus::Done => panic!("pieces go through the device"),
+    };
+    done.clear();
+    b.poll_ops(|id, r| done.push((id, r.is_ok()))).expect("poll_ops");
+    assert_eq!(done, vec![(id, true)]);
+    a.revoke(&key);
+    assert_eq!(exposed, [0, 1, 7, 7, 7, 7, 7, 7, 8, 9]);
+}
+
+#[test]
+fn bad_input_is_named_and_finalize_is_seen_through_the_mailbox() {
+    let (mut a, mut b, _) = pair();
+    assert!(matches!(b.try_send(0, &header(0), &[0; 300]), Err(TransportError::EagerTooLarge { len: 300, max: 224 })));
+    assert!(matches!(b.try_send(5, &header(0), b""), Err(TransportError::NoSuchPeer { peer: 5, size: 2 })));
+    let key = RemoteKey { addr: 0, len: 4, key: 1 };
+    let mut local = [0u8; 8];
+    // SAFETY: refused before anything moves: the range is outside the key.
+    let refused = unsafe { b.read(0, &key, &mut local) };
+    assert!(matches!(refused, Err(TransportError::RemoteBounds { peer: 0, len: 8, region: 4, .. })));
+    assert_eq!(a.peer_state(1), PeerState::Alive);
+    b.finalize().expect("finalize");
+    assert_eq!(b.peer_state(1), PeerState::Finalized, "we know our own state");
+    assert_eq!(a.peer_state(1), PeerState::Finalized, "b's last word says it finalized");
+    assert_eq!(a.peer_state(7), PeerState::Dead, "not in the job");
+}
