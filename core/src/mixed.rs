@@ -11,11 +11,14 @@
 use std::collections::HashMap;
 
 use fmx_transport::{
-    Endpoint, MsgHeader, OpStatus, PeerId, PeerState, ReceiveMemory, RegistrationStats, RemoteKey, SendOutcome, TransportError,
+    Arrival, Endpoint, MsgHeader, OpStatus, PeerId, PeerState, ReceiveMemory, RegistrationStats, RemoteKey, SendOutcome, TransportError,
 };
 
 /// Operation ids of the network endpoint carry this bit (the local one's never do).
 const NET_OP: u64 = 1 << 63;
+/// Arrival slots of the network endpoint carry this bit (shared memory's
+/// slots and the network's own ones leave it clear).
+const NET_SLOT: u64 = 1 << 62;
 /// After network traffic (a message in or out, a one-sided operation), the
 /// network is polled on every poll for this many polls...
 const HOT_POLLS: u32 = 4096;
@@ -51,6 +54,16 @@ pub(crate) struct Mixed<L, N> {
 }
 
 impl<L: Endpoint, N: Endpoint> Mixed<L, N> {
+    /// The endpoint that handed `arrival` out, and the arrival as that endpoint knows it.
+    fn inner(&self, arrival: &Arrival) -> (Side, Arrival) {
+        let (header, len) = (arrival.header, arrival.len);
+        if arrival.slot & NET_SLOT != 0 {
+            return (Side::Net, Arrival { peer: arrival.peer, header, slot: arrival.slot & !NET_SLOT, len });
+        }
+        let l = self.to_local.get(arrival.peer as usize).copied().flatten().unwrap_or(PeerId::MAX);
+        (Side::Local(l), Arrival { peer: l, header, slot: arrival.slot, len })
+    }
+
     /// `local` serves the world ranks `node` (in its index order, ours
     /// included); `net` serves every rank.
     pub(crate) fn new(local: L, net: N, node: &[PeerId]) -> Result<Self, TransportError> {
@@ -141,15 +154,15 @@ impl<L: Endpoint, N: Endpoint> Endpoint for Mixed<L, N> {
     }
 
     #[inline]
-    fn poll<F>(&mut self, max: usize, mut sink: F) -> Result<usize, TransportError>
-    where
-        F: FnMut(PeerId, &MsgHeader, &[u8]),
-    {
-        let to_world = &self.to_world;
-        let n = match self.local.poll(max, |l, h, d| sink(to_world[l as usize], h, d)) {
+    fn arrivals(&mut self, max: usize, out: &mut Vec<Arrival>) -> Result<usize, TransportError> {
+        let start = out.len();
+        let n = match self.local.arrivals(max, out) {
             Ok(n) => n,
             Err(e) => return Err(self.world_error(e)),
         };
+        for a in &mut out[start..] {
+            a.peer = self.to_world[a.peer as usize];
+        }
         if n >= max {
             return Ok(n);
         }
@@ -161,11 +174,29 @@ impl<L: Endpoint, N: Endpoint> Endpoint for Mixed<L, N> {
                 return Ok(n);
             }
         }
-        let m = self.net.poll(max - n, sink)?;
+        let start = out.len();
+        let m = self.net.arrivals(max - n, out)?;
+        for a in &mut out[start..] {
+            a.slot |= NET_SLOT;
+        }
         if m > 0 {
             self.net_hot = HOT_POLLS;
         }
         Ok(n + m)
+    }
+
+    fn payload(&self, arrival: &Arrival) -> &[u8] {
+        match self.inner(arrival) {
+            (Side::Net, a) => self.net.payload(&a),
+            (Side::Local(_), a) => self.local.payload(&a),
+        }
+    }
+
+    fn release(&mut self, arrival: Arrival) -> Result<(), TransportError> {
+        match self.inner(&arrival) {
+            (Side::Net, a) => self.net.release(a),
+            (Side::Local(_), a) => self.local.release(a).map_err(|e| self.world_error(e)),
+        }
     }
 
     #[allow(unsafe_code)]

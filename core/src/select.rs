@@ -8,7 +8,7 @@ use fmx_ofi::{OfiConfig, OfiEndpoint, OfiSetup};
 use fmx_shm::{ShmConfig, ShmEndpoint, ShmSetup};
 use fmx_transport::loopback::Loopback;
 use fmx_transport::{
-    Endpoint, MsgHeader, OpStatus, PeerId, PeerState, ReceiveMemory, RegistrationStats, RemoteKey, SendOutcome, TransportError,
+    Arrival, Endpoint, MsgHeader, OpStatus, PeerId, PeerState, ReceiveMemory, RegistrationStats, RemoteKey, SendOutcome, TransportError,
 };
 #[cfg(feature = "verbs")]
 use fmx_verbs::{VerbsConfig, VerbsEndpoint, VerbsSetup};
@@ -317,11 +317,16 @@ impl Endpoint for Transport {
         dispatch!(self, ep => ep.credit(peer))
     }
     #[inline]
-    fn poll<F>(&mut self, max: usize, sink: F) -> Result<usize, TransportError>
-    where
-        F: FnMut(PeerId, &MsgHeader, &[u8]),
-    {
-        dispatch!(self, ep => ep.poll(max, sink))
+    fn arrivals(&mut self, max: usize, out: &mut Vec<Arrival>) -> Result<usize, TransportError> {
+        dispatch!(self, ep => ep.arrivals(max, out))
+    }
+    #[inline]
+    fn payload(&self, arrival: &Arrival) -> &[u8] {
+        dispatch!(self, ep => ep.payload(arrival))
+    }
+    #[inline]
+    fn release(&mut self, arrival: Arrival) -> Result<(), TransportError> {
+        dispatch!(self, ep => ep.release(arrival))
     }
     #[allow(unsafe_code)]
     unsafe fn expose(&mut self, buf: &[u8]) -> Result<RemoteKey, TransportError> {

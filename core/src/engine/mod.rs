@@ -26,7 +26,7 @@ use std::rc::Rc;
 use std::time::{Duration, Instant};
 
 use fmx_transport::lend::{LendTable, Lent};
-use fmx_transport::{Endpoint, MsgHeader, MsgKind, OpStatus, PeerState, RemoteKey, SendOutcome, TransportError};
+use fmx_transport::{Arrival, Endpoint, MsgHeader, MsgKind, OpStatus, PeerState, RemoteKey, SendOutcome, TransportError};
 
 use crate::bootstrap::Link;
 use crate::error::{Error, Result};
@@ -85,8 +85,9 @@ struct Outgoing {
     completes: Option<ReqId>,
 }
 
-/// Work found while the transport was busy polling.
-enum Deferred {
+/// What a received message asks of the transport (run right after the
+/// message is handled and released).
+enum Action {
     Read {
         req: ReqId,
         peer: u32,
@@ -131,7 +132,8 @@ pub(crate) struct Engine {
     /// control (CTS, FIN), so that control never waits behind exhausted data credits.
     outq: Vec<VecDeque<Outgoing>>,
     queued: usize,
-    deferred: Vec<Deferred>,
+    /// Messages received in the current progress round (a buffer kept for reuse).
+    arrived: Vec<Arrival>,
     /// One-sided operations the transport finishes asynchronously (verbs): on
     /// completion the request completes (or half-completes) and the FIN goes out.
     inflight: HashMap<u64, InflightOp>,
@@ -159,7 +161,7 @@ impl Engine {
             matching: Matching::default(),
             outq: (0..2 * size).map(|_| VecDeque::new()).collect(),
             queued: 0,
-            deferred: Vec::new(),
+            arrived: Vec::new(),
             inflight: HashMap::new(),
             poison: None,
             spin_polls: if oversubscribed { SPIN_POLLS_OVERSUBSCRIBED } else { SPIN_POLLS },
@@ -240,8 +242,7 @@ impl Engine {
             Some(u) => match u.body {
                 Body::Eager(data) => deliver(&mut self.reqs, lend, req, buf, u.src, u.tag, &data),
                 Body::Rts { key, cookie } => {
-                    self.deferred.push(Deferred::Read { req, peer: u.src, key, cookie, buf, tag: u.tag });
-                    self.run_deferred(lend)?;
+                    self.run_one(Action::Read { req, peer: u.src, key, cookie, buf, tag: u.tag }, lend)?;
                 }
             },
         }
@@ -349,21 +350,15 @@ impl Engine {
         }
     }
 
-    /// One round of progress: queued sends, received messages, deferred reads.
+    /// One round of progress: queued sends, received messages (and the reads,
+    /// writes and revokes they ask for), finished one-sided operations.
     #[inline]
     pub(crate) fn progress(&mut self, lend: &mut LendTable) -> Result<usize> {
         let mut n = 0;
         if self.queued > 0 {
             n += self.flush_queued(lend)?;
         }
-        let Self { tp, matching, reqs, deferred, poison, .. } = self;
-        n += tp.poll(POLL_BATCH, |peer, h, payload| on_message(matching, reqs, deferred, poison, lend, peer, h, payload))?;
-        if let Some(e) = self.poison.take() {
-            return Err(e);
-        }
-        if !self.deferred.is_empty() {
-            self.run_deferred(lend)?;
-        }
+        n += self.receive(lend)?;
         if !self.inflight.is_empty() {
             n += self.finish_inflight()?;
         }
@@ -410,22 +405,38 @@ impl Engine {
         self.send_fin(op.peer, op.fin)
     }
 
-    /// Runs the deferred work; one item's error does not drop the others
-    /// (the first error is returned once all have run).
-    fn run_deferred(&mut self, lend: &mut LendTable) -> Result<()> {
-        let mut first = None;
-        for d in std::mem::take(&mut self.deferred) {
-            if let Err(e) = self.run_one(d, lend) {
-                first.get_or_insert(e);
+    /// Handles a batch of received messages, each while it still sits in
+    /// its slot, releasing it before running what it asks for. Every message
+    /// is handled and released even when one fails (a slot never released
+    /// would hold its sender's credit for ever); the first error is returned.
+    fn receive(&mut self, lend: &mut LendTable) -> Result<usize> {
+        let mut arrived = std::mem::take(&mut self.arrived);
+        let got = self.tp.arrivals(POLL_BATCH, &mut arrived);
+        let mut first: Option<Error> = None;
+        for a in arrived.drain(..) {
+            let Self { tp, matching, reqs, poison, .. } = self;
+            let action = on_message(matching, reqs, poison, lend, a.peer, &a.header, tp.payload(&a));
+            if let Err(e) = self.tp.release(a) {
+                first.get_or_insert(e.into());
+            }
+            if let Some(action) = action {
+                if let Err(e) = self.run_one(action, lend) {
+                    first.get_or_insert(e);
+                }
             }
         }
-        first.map_or(Ok(()), Err)
+        self.arrived = arrived;
+        let n = got?;
+        if let Some(e) = self.poison.take().or(first) {
+            return Err(e);
+        }
+        Ok(n)
     }
 
-    fn run_one(&mut self, d: Deferred, lend: &mut LendTable) -> Result<()> {
-        match d {
-            Deferred::Revoke(key) => self.tp.revoke(&key),
-            Deferred::Read { req, peer, key, cookie, buf, tag } => {
+    fn run_one(&mut self, action: Action, lend: &mut LendTable) -> Result<()> {
+        match action {
+            Action::Revoke(key) => self.tp.revoke(&key),
+            Action::Read { req, peer, key, cookie, buf, tag } => {
                 let fin = MsgHeader::control(MsgKind::Fin, 0, key.len, cookie, 0);
                 let Some(dst) = lend.get_mut(buf) else {
                     self.reqs.fail(req, Error::StaleRequest(req.index()));
@@ -467,7 +478,7 @@ impl Engine {
                 let r = key.slice(peer, 0, mine as u64).and_then(|k| unsafe { self.tp.read(peer, &k, &mut dst[..mine]) });
                 self.after_one_sided(r, InflightOp { req, peer, fin, status, part: split })?;
             }
-            Deferred::WriteHalf { req, peer, key, recv_cookie } => {
+            Action::WriteHalf { req, peer, key, recv_cookie } => {
                 let fin = MsgHeader::control(MsgKind::Fin, 0, key.len, recv_cookie, 0);
                 let src = self.reqs.get(req).and_then(|r| match (&r.owned, r.buf) {
                     (Some(v), _) => Some(&v[..]),
@@ -868,13 +879,12 @@ fn deliver(reqs: &mut Requests, lend: &mut LendTable, req: ReqId, buf: Lent, src
 fn on_message(
     matching: &mut Matching,
     reqs: &mut Requests,
-    deferred: &mut Vec<Deferred>,
     poison: &mut Option<Error>,
     lend: &mut LendTable,
     peer: u32,
     h: &MsgHeader,
     payload: &[u8],
-) {
+) -> Option<Action> {
     let (ctx, tag) = split_bits(h.match_bits);
     match h.kind {
         MsgKind::Eager => match matching.take_posted(peer, ctx, tag) {
@@ -884,10 +894,10 @@ fn on_message(
         MsgKind::Rts => {
             let Some(key) = RemoteKey::decode(payload) else {
                 *poison = Some(fmx_transport::TransportError::Malformed { peer, what: "RTS without a remote key" }.into());
-                return;
+                return None;
             };
             match matching.take_posted(peer, ctx, tag) {
-                Some(p) => deferred.push(Deferred::Read { req: p.req, peer, key, cookie: h.cookie, buf: p.buf, tag }),
+                Some(p) => return Some(Action::Read { req: p.req, peer, key, cookie: h.cookie, buf: p.buf, tag }),
                 None => matching.arrive(Unexpected { src: peer, ctx, tag, len: h.len, body: Body::Rts { key, cookie: h.cookie } }),
             }
         }
@@ -895,26 +905,26 @@ fn on_message(
             // The peer is done with its part of a rendezvous (read our buffer, or wrote its half of ours).
             let req = ReqId::from_cookie(h.cookie);
             if let Some(r) = reqs.get_mut(req) {
-                if let Some(key) = r.exposed.take() {
-                    deferred.push(Deferred::Revoke(key));
-                }
+                let key = r.exposed.take();
                 reqs.part_done(req, RawStatus { src: peer, tag: 0, sent: h.len, capacity: h.len });
+                return key.map(Action::Revoke);
             }
         }
         MsgKind::Cts => {
             let req = ReqId::from_cookie(h.cookie);
             let Some(key) = RemoteKey::decode(payload) else {
                 *poison = Some(fmx_transport::TransportError::Malformed { peer, what: "CTS without a remote key" }.into());
-                return;
+                return None;
             };
             if let Some(r) = reqs.get_mut(req) {
                 // Two parts now: our write of the second half, and the receiver's FIN.
                 r.parts_left += 1;
-                deferred.push(Deferred::WriteHalf { req, peer, key, recv_cookie: h.match_bits });
+                return Some(Action::WriteHalf { req, peer, key, recv_cookie: h.match_bits });
             }
         }
         MsgKind::Credit | MsgKind::Internal => {}
     }
+    None
 }
 
 /// The world ranks of a group, shared by requests that wait on any of them.

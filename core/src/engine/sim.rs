@@ -9,7 +9,9 @@
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use fmx_transport::{Endpoint, MsgHeader, MsgKind, OpStatus, PeerId, PeerState, ReceiveMemory, RemoteKey, SendOutcome, TransportError};
+use fmx_transport::{
+    Arrival, Endpoint, MsgHeader, MsgKind, OpStatus, PeerId, PeerState, ReceiveMemory, RemoteKey, SendOutcome, TransportError,
+};
 
 /// What the fabric does wrong, drawn from a seed.
 #[derive(Clone, Debug)]
@@ -177,7 +179,7 @@ impl SimNet {
     }
 
     pub(crate) fn endpoint(&self, me: PeerId) -> SimEndpoint {
-        SimEndpoint { net: self.clone(), me, size: self.net().dead.len() as u32 }
+        SimEndpoint { net: self.clone(), me, size: self.net().dead.len() as u32, held: std::collections::VecDeque::new(), next_slot: 0 }
     }
 
     /// A random number below `n`, from the schedule's stream.
@@ -265,6 +267,9 @@ pub(crate) struct SimEndpoint {
     net: SimNet,
     me: PeerId,
     size: u32,
+    /// Messages handed out and not yet released, by slot.
+    held: std::collections::VecDeque<(u64, Vec<u8>)>,
+    next_slot: u64,
 }
 
 impl SimEndpoint {
@@ -351,10 +356,7 @@ impl Endpoint for SimEndpoint {
         }
     }
 
-    fn poll<F>(&mut self, max: usize, mut sink: F) -> Result<usize, TransportError>
-    where
-        F: FnMut(PeerId, &MsgHeader, &[u8]),
-    {
+    fn arrivals(&mut self, max: usize, out: &mut Vec<Arrival>) -> Result<usize, TransportError> {
         // Sources in a random order each poll: links never keep order between them.
         let mut sources: Vec<PeerId> = (0..self.size).collect();
         let mut got = Vec::new();
@@ -381,11 +383,27 @@ impl Endpoint for SimEndpoint {
             }
             n.tally.held += held;
         }
-        // The fabric is unlocked: the sink may send.
-        for (src, m) in &got {
-            sink(*src, &m.header, &m.payload);
+        let n = got.len();
+        for (src, m) in got {
+            self.next_slot += 1;
+            out.push(Arrival { peer: src, header: m.header, slot: self.next_slot, len: m.payload.len() });
+            self.held.push_back((self.next_slot, m.payload));
         }
-        Ok(got.len())
+        Ok(n)
+    }
+
+    fn payload(&self, arrival: &Arrival) -> &[u8] {
+        self.held.iter().find(|(s, _)| *s == arrival.slot).map_or(&[], |(_, p)| p)
+    }
+
+    fn release(&mut self, arrival: Arrival) -> Result<(), TransportError> {
+        match self.held.front() {
+            Some((s, _)) if *s == arrival.slot => {
+                self.held.pop_front();
+                Ok(())
+            }
+            _ => Err(TransportError::Unsupported(format!("release of slot {} out of order", arrival.slot))),
+        }
     }
 
     #[allow(unsafe_code)]

@@ -53,6 +53,20 @@ impl ReceiveMemory {
     }
 }
 
+/// A received message, still in its slot (see [`Endpoint::arrivals`]).
+#[derive(Debug)]
+#[must_use = "an arrival holds a slot until Endpoint::release"]
+pub struct Arrival {
+    /// The sender.
+    pub peer: PeerId,
+    /// Its header.
+    pub header: MsgHeader,
+    /// Where the transport keeps it (opaque outside the transport).
+    pub slot: u64,
+    /// Bytes of payload.
+    pub len: usize,
+}
+
 /// Whether a one-sided operation finished inside the call.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[must_use]
@@ -150,12 +164,43 @@ pub trait Endpoint: Send {
     /// Whether an eager message to `peer` would go out now (takes nothing).
     fn credit(&mut self, peer: PeerId) -> SendOutcome;
 
-    /// Hands up to `max` received messages to `sink`, in arrival order per
-    /// sender, each while it still sits in its slot, and releases each slot
-    /// after `sink` returns. Returns how many messages it handed.
-    fn poll<F>(&mut self, max: usize, sink: F) -> Result<usize, TransportError>
+    /// Appends up to `max` received messages to `out`, in arrival order per
+    /// sender, and makes progress. Each stays in its slot (no copy) until
+    /// [`Endpoint::release`]: read it with [`Endpoint::payload`] meanwhile,
+    /// with the endpoint free for other calls (a read the message asks for).
+    /// Release them in the order they came. Returns how many it appended.
+    fn arrivals(&mut self, max: usize, out: &mut Vec<Arrival>) -> Result<usize, TransportError>;
+
+    /// The payload of `arrival`, in its slot.
+    fn payload(&self, arrival: &Arrival) -> &[u8];
+
+    /// Gives `arrival`'s slot back: the sender gets its credit again.
+    fn release(&mut self, arrival: Arrival) -> Result<(), TransportError>;
+
+    /// Hands up to `max` received messages to `sink` (each while it still
+    /// sits in its slot), releases them and returns their credits:
+    /// [`Endpoint::arrivals`] for a caller that needs the endpoint for
+    /// nothing else meanwhile.
+    fn poll<F>(&mut self, max: usize, mut sink: F) -> Result<usize, TransportError>
     where
-        F: FnMut(PeerId, &MsgHeader, &[u8]);
+        F: FnMut(PeerId, &MsgHeader, &[u8]),
+    {
+        let mut got = Vec::new();
+        let n = self.arrivals(max, &mut got)?;
+        let mut first = None;
+        for a in got.drain(..) {
+            sink(a.peer, &a.header, self.payload(&a));
+            if let Err(e) = self.release(a) {
+                first.get_or_insert(e);
+            }
+        }
+        if let Some(e) = first {
+            return Err(e);
+        }
+        // Nothing more is taken (max 0): the released slots' credits go back.
+        self.arrivals(0, &mut got)?;
+        Ok(n)
+    }
 
     /// Makes `buf` readable by peers through the returned key until
     /// [`Endpoint::revoke`].

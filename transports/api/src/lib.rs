@@ -14,11 +14,13 @@
 //!   exposes it ([`Endpoint::expose`]) and sends the [`RemoteKey`] in a small
 //!   control message; the peer then [`Endpoint::read`]s or [`Endpoint::write`]s
 //!   it directly (RDMA READ/WRITE, `fi_read`/`fi_write`, `process_vm_readv`);
-//! - **completion polling**: [`Endpoint::poll`] hands received messages to a
-//!   callback while they still sit in the slot (zero-copy for the matcher), and
-//!   releases the slot when the callback returns.
+//! - **receiving**: [`Endpoint::arrivals`] returns received messages as
+//!   [`Arrival`]s that stay in their slots (zero-copy for the matcher, read
+//!   with [`Endpoint::payload`]) until [`Endpoint::release`] gives the slot
+//!   and its credit back; the endpoint is free for other calls meanwhile.
 //!
-//! Also here: the [`header`] codec, the [`pool`] of registered memory
+//! Also here: the RDMA endpoint core that verbs and libfabric share
+//! ([`rdma`]), the [`header`] codec, the [`pool`] of registered memory
 //! (memmap2, optional 2 MiB huge pages with a clean fallback, a registration
 //! hook per transport), the [`lend`] table through which the core hands
 //! borrowed user buffers to in-flight operations soundly, and a [`loopback`]
@@ -46,6 +48,6 @@ pub mod rdma;
 pub mod settings;
 pub mod sweep;
 
-pub use endpoint::{Endpoint, OpStatus, PeerId, PeerState, ReceiveMemory, RegistrationStats, RemoteKey, SendOutcome};
+pub use endpoint::{Arrival, Endpoint, OpStatus, PeerId, PeerState, ReceiveMemory, RegistrationStats, RemoteKey, SendOutcome};
 pub use error::TransportError;
 pub use header::{MsgHeader, MsgKind, HEADER_BYTES};

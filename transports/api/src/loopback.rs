@@ -4,15 +4,20 @@
 //! one) and by unit tests of the core. Every message is eager (copied into
 //! the queue), so no one-sided operation is ever needed.
 
-use std::collections::VecDeque;
-
-use crate::{Endpoint, MsgHeader, OpStatus, PeerId, PeerState, RemoteKey, SendOutcome, TransportError};
+use crate::own::OwnQueue;
+use crate::{Arrival, Endpoint, MsgHeader, OpStatus, PeerId, PeerState, RemoteKey, SendOutcome, TransportError};
 
 /// The endpoint of a one-process job.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Loopback {
-    queue: VecDeque<(MsgHeader, Vec<u8>)>,
+    queue: OwnQueue,
     finalized: bool,
+}
+
+impl Default for Loopback {
+    fn default() -> Self {
+        Self { queue: OwnQueue::bounded(usize::MAX), finalized: false }
+    }
 }
 
 impl Loopback {
@@ -51,27 +56,24 @@ impl Endpoint for Loopback {
         Self::check(peer)?;
         let mut h = *header;
         h.payload_len = payload.len() as u32;
-        self.queue.push_back((h, payload.to_vec()));
-        Ok(SendOutcome::Sent)
+        Ok(self.queue.push(&h, payload))
     }
 
     fn credit(&mut self, _peer: PeerId) -> SendOutcome {
         SendOutcome::Sent
     }
 
-    fn poll<F>(&mut self, max: usize, mut sink: F) -> Result<usize, TransportError>
-    where
-        F: FnMut(PeerId, &MsgHeader, &[u8]),
-    {
-        let mut n = 0;
-        while n < max {
-            let Some((h, data)) = self.queue.pop_front() else {
-                break;
-            };
-            sink(0, &h, &data);
-            n += 1;
-        }
-        Ok(n)
+    fn arrivals(&mut self, max: usize, out: &mut Vec<Arrival>) -> Result<usize, TransportError> {
+        Ok(self.queue.take(0, max, out))
+    }
+
+    fn payload(&self, arrival: &Arrival) -> &[u8] {
+        self.queue.payload(arrival.slot)
+    }
+
+    fn release(&mut self, arrival: Arrival) -> Result<(), TransportError> {
+        self.queue.release(arrival.slot);
+        Ok(())
     }
 
     unsafe fn expose(&mut self, _buf: &[u8]) -> Result<RemoteKey, TransportError> {

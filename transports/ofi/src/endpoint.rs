@@ -21,7 +21,7 @@ use fmx_transport::rdma::{
     EagerConfig, Posted, RdmaDevice, RdmaState, Registry,
 };
 use fmx_transport::settings::{env_number, env_positive};
-use fmx_transport::{MsgHeader, PeerId, RemoteKey, SendOutcome, TransportError, HEADER_BYTES};
+use fmx_transport::{Arrival, PeerId, RemoteKey, SendOutcome, TransportError, HEADER_BYTES};
 use memmap2::MmapMut;
 
 use crate::address::Address;
@@ -305,13 +305,12 @@ impl OfiSetup {
             tx_free: (0..TX_CONTEXTS).rev().collect(),
             send_pool,
             recv_mr,
-            recv,
             mailbox_mr,
             outbox_mr,
             outbox,
             ctx,
             fabric,
-            st: RdmaState::new(&cfg.eager, credit, registrations, mailbox),
+            st: RdmaState::new(&cfg.eager, credit, registrations, mailbox, recv),
         };
         for slot in 0..recv_slots {
             ep.post_recv(slot).map_err(|rc| crate::fabric::fail("post a receive slot (fi_trecv)", &ep.provider, rc))?;
@@ -428,7 +427,6 @@ pub struct OfiEndpoint {
     tx_free: Vec<usize>,
     send_pool: Pool<OfiHook>,
     recv_mr: Option<Mr>,
-    recv: MmapMut,
     mailbox_mr: Mr,
     outbox_mr: Mr,
     outbox: MmapMut,
@@ -480,7 +478,7 @@ impl OfiEndpoint {
     }
 
     fn post_recv(&self, slot: usize) -> Result<Posted, i64> {
-        let buf = self.recv[slot * self.st.slot_bytes..].as_ptr();
+        let buf = self.st.recv[slot * self.st.slot_bytes..].as_ptr();
         let desc = self.recv_mr.as_ref().map_or(ptr::null_mut(), |m| m.desc);
         // SAFETY: the slot lies in the receive region the endpoint owns (and
         // registered where the provider needs it); its context lives in `ctx`
@@ -915,22 +913,28 @@ impl RdmaDevice for OfiEndpoint {
         out
     }
 
-    fn receive<F>(&mut self, _: Core, max: usize, sink: &mut F) -> Result<usize, TransportError>
-    where
-        F: FnMut(PeerId, &MsgHeader, &[u8]),
-    {
+    fn receive(&mut self, core: Core, max: usize, out: &mut Vec<Arrival>) -> Result<usize, TransportError> {
         let mut n = 0;
         self.drain_cq()?;
         while n < max {
             let Some((slot, len, peer)) = self.arrived.pop_front() else { break };
-            let bytes = &self.recv[slot * self.st.slot_bytes..][..len];
-            let class = self.st.deliver(peer, bytes, "undecodable header in a libfabric receive slot", sink)?;
-            // The slot is free again only once reposted: its credit goes back after that.
-            self.unposted.push_back((slot, peer, class));
-            n += 1;
+            let a = self.st.arrive(peer, slot as u64, len, "undecodable header in a libfabric receive slot")?;
+            if RdmaState::<Link>::for_core(&a) {
+                out.push(a);
+                n += 1;
+            } else {
+                self.release_slot(core, a)?;
+            }
         }
         self.repost_unposted()?;
         Ok(n)
+    }
+
+    /// The slot is free again only once reposted: its credit goes back after that.
+    fn release_slot(&mut self, _: Core, arrival: Arrival) -> Result<(), TransportError> {
+        self.st.unhold(&arrival)?;
+        self.unposted.push_back((arrival.slot as usize, arrival.peer, Class::of(arrival.header.kind)));
+        self.repost_unposted()
     }
 
     fn expose_region(&mut self, _: Core, ptr: *mut u8, len: usize, writable: bool) -> Result<RemoteKey, TransportError> {

@@ -4,11 +4,13 @@ use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 
 use fmx_transport::credit::{Class, CreditConfig, Gate, PeerCredits};
-use fmx_transport::{Endpoint, MsgHeader, MsgKind, OpStatus, PeerId, PeerState, ReceiveMemory, RemoteKey, SendOutcome, TransportError};
+use fmx_transport::{
+    Arrival, Endpoint, MsgHeader, MsgKind, OpStatus, PeerId, PeerState, ReceiveMemory, RemoteKey, SendOutcome, TransportError,
+};
 
 use crate::cma;
 use crate::layout::{state, Layout, CTRL_SLOTS, OWN_SLOTS, RELEASED_WORD, SWITCH_WORD};
-use crate::ring::{RxRing, TxRing};
+use crate::ring::{held_payload, RxRing, TxRing};
 use crate::segment::{segment_path, shm_dir, validate_job_id, Segment};
 use crate::staged::{self, Staged};
 use fmx_transport::liveness::PeerWatch;
@@ -223,6 +225,26 @@ pub struct ShmEndpoint {
 }
 
 impl ShmEndpoint {
+    /// Releases the oldest held slot of `peer`'s ring of `class` and returns
+    /// its credit (messages to ourselves: our own credit).
+    fn give_back(&mut self, peer: PeerId, class: Class) {
+        let p = peer as usize;
+        let ring = if class == Class::Data { &mut self.rx_data[p] } else { &mut self.rx_ctrl[p] };
+        ring.release();
+        if peer == self.rank {
+            self.own_credits += 1;
+            return;
+        }
+        if class == Class::Data {
+            // What a sender switching its window waits for.
+            let released = ring.released();
+            self.own.u64_at(self.layout.grant(peer) + RELEASED_WORD).store(released, Ordering::Release);
+        }
+        self.credits[p].on_release(class);
+        // At once, not at the next poll: the receiver may wait elsewhere now.
+        self.return_credits_to(peer);
+    }
+
     /// Removes our segment file once every peer has mapped it (the mappings stay
     /// valid): after this no file is left behind, whatever happens to the job.
     pub fn unlink(&mut self) {
@@ -260,13 +282,18 @@ impl ShmEndpoint {
     fn return_credits(&mut self) {
         self.explicit_due = false;
         for p in 0..self.size {
-            if p == self.rank || !self.credits[p as usize].wants_explicit(&self.credit) {
-                continue;
-            }
-            let (d, k) = self.credits[p as usize].explicit();
-            let seg = self.peers[p as usize].as_ref().expect("a peer's segment");
-            seg.u64_at(self.layout.mailbox(self.rank)).store(u64::from(d) | (u64::from(k) << 32), Ordering::Release);
+            self.return_credits_to(p);
         }
+    }
+
+    /// Writes our cumulative returns into `p`'s mailbox when it is owed enough.
+    fn return_credits_to(&mut self, p: PeerId) {
+        if p == self.rank || !self.credits[p as usize].wants_explicit(&self.credit) {
+            return;
+        }
+        let (d, k) = self.credits[p as usize].explicit();
+        let seg = self.peers[p as usize].as_ref().expect("a peer's segment");
+        seg.u64_at(self.layout.mailbox(self.rank)).store(u64::from(d) | (u64::from(k) << 32), Ordering::Release);
     }
 
     /// Switches our data window toward `peer` if one is pending and the peer
@@ -414,6 +441,17 @@ impl Drop for ShmEndpoint {
     }
 }
 
+/// An [`Arrival`]'s slot: the sender, the ring's class and the slot's offset in our segment.
+fn held_slot(peer: PeerId, class: Class, offset: usize) -> u64 {
+    assert!(offset < 1 << 32 && peer < 1 << 29, "a segment of 4 GiB or a job of 2^29 ranks");
+    (u64::from(peer) << 33) | (u64::from(class == Class::Ctrl) << 32) | offset as u64
+}
+
+fn from_held_slot(slot: u64) -> (PeerId, Class, usize) {
+    let class = if slot >> 32 & 1 == 1 { Class::Ctrl } else { Class::Data };
+    (((slot >> 33) & 0x1fff_ffff) as PeerId, class, (slot & 0xffff_ffff) as usize)
+}
+
 impl Endpoint for ShmEndpoint {
     fn local_id(&self) -> PeerId {
         self.rank
@@ -453,10 +491,7 @@ impl Endpoint for ShmEndpoint {
     }
 
     #[inline]
-    fn poll<F>(&mut self, max: usize, mut sink: F) -> Result<usize, TransportError>
-    where
-        F: FnMut(PeerId, &MsgHeader, &[u8]),
-    {
+    fn arrivals(&mut self, max: usize, out: &mut Vec<Arrival>) -> Result<usize, TransportError> {
         let mut n = 0;
         let mut failed = None;
         let size = self.size;
@@ -471,13 +506,15 @@ impl Endpoint for ShmEndpoint {
                 if own_ring && class == Class::Ctrl {
                     continue;
                 }
-                let ring = if class == Class::Data { &mut self.rx_data[p] } else { &mut self.rx_ctrl[p] };
                 while n < max {
+                    let ring = if class == Class::Data { &mut self.rx_data[p] } else { &mut self.rx_ctrl[p] };
                     let Some(slot) = ring.peek(&self.own) else { break };
-                    let h = match slot.header {
+                    let (header, offset, len) = (slot.header, slot.offset, slot.payload.len());
+                    let h = match header {
                         Ok(h) => h,
                         Err(_) => {
-                            ring.release();
+                            ring.advance();
+                            self.give_back(peer, class);
                             return Err(TransportError::Malformed { peer, what: "undecodable header in a shared-memory slot" });
                         }
                     };
@@ -485,27 +522,25 @@ impl Endpoint for ShmEndpoint {
                         self.credits[p].on_receive(h.credits, h.ctrl_credits);
                     }
                     match h.kind {
-                        MsgKind::Credit => {}
-                        MsgKind::Internal => {
-                            if let Err(e) = self.staged.on_message(peer, &h, slot.payload) {
-                                failed.get_or_insert(e);
+                        MsgKind::Credit | MsgKind::Internal => {
+                            if h.kind == MsgKind::Internal {
+                                let ring = if class == Class::Data { &self.rx_data[p] } else { &self.rx_ctrl[p] };
+                                let payload = held_payload(&self.own, &ring.ring(), offset, len);
+                                if let Err(e) = self.staged.on_message(peer, &h, payload) {
+                                    failed.get_or_insert(e);
+                                }
                             }
+                            let ring = if class == Class::Data { &mut self.rx_data[p] } else { &mut self.rx_ctrl[p] };
+                            ring.advance();
+                            self.give_back(peer, class);
                         }
-                        _ => sink(peer, &h, slot.payload),
-                    }
-                    ring.release();
-                    if own_ring {
-                        self.own_credits += 1;
-                    } else {
-                        if class == Class::Data {
-                            // What a sender switching its window waits for.
-                            let released = ring.released();
-                            self.own.u64_at(self.layout.grant(peer) + RELEASED_WORD).store(released, Ordering::Release);
+                        _ => {
+                            let ring = if class == Class::Data { &mut self.rx_data[p] } else { &mut self.rx_ctrl[p] };
+                            ring.advance();
+                            out.push(Arrival { peer, header: h, slot: held_slot(peer, class, offset), len });
+                            n += 1;
                         }
-                        self.credits[p].on_release(class);
-                        self.explicit_due = true;
                     }
-                    n += 1;
                 }
             }
         }
@@ -520,6 +555,33 @@ impl Endpoint for ShmEndpoint {
             self.pump_staged()?;
         }
         Ok(n)
+    }
+
+    fn payload(&self, arrival: &Arrival) -> &[u8] {
+        let (peer, class, offset) = from_held_slot(arrival.slot);
+        let ring = match (class, self.rx_data.get(peer as usize), self.rx_ctrl.get(peer as usize)) {
+            (Class::Data, Some(r), _) | (Class::Ctrl, _, Some(r)) => r,
+            _ => return &[],
+        };
+        if !ring.holds(offset) {
+            return &[]; // not a message this endpoint handed out and still holds
+        }
+        held_payload(&self.own, &ring.ring(), offset, arrival.len)
+    }
+
+    fn release(&mut self, arrival: Arrival) -> Result<(), TransportError> {
+        let (peer, class, offset) = from_held_slot(arrival.slot);
+        let ring = match class {
+            Class::Data => self.rx_data.get(peer as usize),
+            Class::Ctrl => self.rx_ctrl.get(peer as usize),
+        };
+        if !ring.is_some_and(|r| r.oldest_held() == Some(offset)) {
+            return Err(TransportError::Unsupported(format!(
+                "releasing a message from rank {peer} that is not the oldest one held (release arrivals once, in order)"
+            )));
+        }
+        self.give_back(peer, class);
+        Ok(())
     }
 
     unsafe fn expose(&mut self, buf: &[u8]) -> Result<RemoteKey, TransportError> {
@@ -737,6 +799,31 @@ mod tests {
 
     fn eager(bits: u64, data: &[u8]) -> MsgHeader {
         MsgHeader::eager(bits, data.len(), 0)
+    }
+
+    #[test]
+    fn arrivals_stay_in_their_slots_until_released_once_in_order() {
+        let (mut a, mut b, dir) = pair("held", 8, 2);
+        for i in 0..2u8 {
+            assert_eq!(b.try_send(0, &eager(u64::from(i), &[i; 40]), &[i; 40]).unwrap(), SendOutcome::Sent);
+        }
+        let mut got = Vec::new();
+        assert_eq!(a.arrivals(8, &mut got).unwrap(), 2);
+        assert_eq!(b.try_send(0, &eager(2, b"x"), b"x").unwrap(), SendOutcome::Backpressure, "both credits are held");
+        assert_eq!(a.payload(&got[1]), &[1; 40]);
+        let second = got.pop().unwrap();
+        let copy = |x: &Arrival| Arrival { peer: x.peer, header: x.header, slot: x.slot, len: x.len };
+        let forged = copy(&second);
+        assert!(a.release(second).is_err(), "the older one goes first");
+        let first = got.pop().unwrap();
+        assert_eq!(a.payload(&first), &[0; 40]);
+        let stale = copy(&first);
+        a.release(first).unwrap();
+        assert!(a.payload(&stale).is_empty() && a.release(stale).is_err(), "released once");
+        a.release(forged).unwrap();
+        assert_eq!(b.try_send(0, &eager(2, b"x"), b"x").unwrap(), SendOutcome::Sent, "credits came back at release");
+        assert_eq!(drain(&mut a), vec![(1, 2, b"x".to_vec())]);
+        std::fs::remove_dir_all(dir).unwrap();
     }
 
     #[test]

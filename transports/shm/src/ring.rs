@@ -101,7 +101,10 @@ impl TxRing {
 #[derive(Debug)]
 pub struct RxRing {
     ring: Ring,
+    /// The next message to read.
     next: u64,
+    /// Messages released (read and given back): `next - done` are held.
+    done: u64,
     switch: Option<(u64, u32)>,
 }
 
@@ -111,12 +114,14 @@ pub struct Slot<'a> {
     pub header: Result<MsgHeader, fmx_transport::header::HeaderError>,
     /// The payload bytes in the slot.
     pub payload: &'a [u8],
+    /// Where the slot lies in the segment (for [`held_payload`]).
+    pub offset: usize,
 }
 
 impl RxRing {
     /// Reads `ring` of our own segment.
     pub fn new(ring: Ring) -> Self {
-        Self { ring, next: 0, switch: None }
+        Self { ring, next: 0, done: 0, switch: None }
     }
 
     /// Applies the sender's switch word; returns the new window `m` when it
@@ -137,7 +142,7 @@ impl RxRing {
 
     /// Messages released so far.
     pub fn released(&self) -> u64 {
-        self.next
+        self.done
     }
 
     /// The next message, if the sender has published it.
@@ -161,12 +166,40 @@ impl RxRing {
         };
         // SAFETY: as above; `len` is clamped to the slot's payload capacity.
         let payload = unsafe { std::slice::from_raw_parts(own.base().add(off + PAYLOAD_OFFSET), len) };
-        Some(Slot { header, payload })
+        Some(Slot { header, payload, offset: off })
     }
 
-    /// Moves past the current slot; the caller returns its credit.
+    /// Moves past the current slot, which stays ours (held) until [`RxRing::release`].
     #[inline]
-    pub fn release(&mut self) {
+    pub fn advance(&mut self) {
         self.next += 1;
     }
+
+    /// The offset of the oldest held slot.
+    pub fn oldest_held(&self) -> Option<usize> {
+        (self.done < self.next).then(|| slot_of(&self.ring, self.switch, self.done))
+    }
+
+    /// Whether the slot at `offset` holds a message read and not yet released.
+    pub fn holds(&self, offset: usize) -> bool {
+        (self.done..self.next).any(|i| slot_of(&self.ring, self.switch, i) == offset)
+    }
+
+    /// Gives the oldest held slot back; the caller returns its credit.
+    #[inline]
+    pub fn release(&mut self) {
+        debug_assert!(self.done < self.next, "release of a slot never read");
+        self.done += 1;
+    }
+}
+
+/// The payload of a held slot at `offset` of our segment (as [`RxRing::peek`] saw it).
+pub fn held_payload<'a>(own: &'a Segment, ring: &Ring, offset: usize, len: usize) -> &'a [u8] {
+    let len = len.min(ring.max_payload());
+    assert!(offset + PAYLOAD_OFFSET + len <= own.len(), "slot outside the segment");
+    // SAFETY: the slot was published (peek's acquire-load saw its sequence
+    // word) and is held: the sender writes it again only after its release
+    // returns the credit, which takes `&mut` of the endpoint this borrow
+    // comes from. Bounds: asserted above.
+    unsafe { std::slice::from_raw_parts(own.base().add(offset + PAYLOAD_OFFSET), len) }
 }

@@ -8,9 +8,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use fmx_transport::credit::{CreditConfig, PeerCredits};
+use fmx_transport::credit::{Class, CreditConfig, PeerCredits};
 use fmx_transport::liveness::PeerLife;
-use fmx_transport::peers::{Peer, PeerList};
+use fmx_transport::peers::Peer;
 use fmx_transport::pool::{HugePages, Lease, Pool, PoolConfig, RegistrationHook};
 use fmx_transport::rdma::{
     anonymous,
@@ -18,7 +18,7 @@ use fmx_transport::rdma::{
     setup_error, EagerConfig, Posted, RdmaDevice, RdmaState, Registry,
 };
 use fmx_transport::settings::env_number as env_num;
-use fmx_transport::{MsgHeader, PeerId, RemoteKey, SendOutcome, TransportError, HEADER_BYTES};
+use fmx_transport::{Arrival, PeerId, RemoteKey, SendOutcome, TransportError, HEADER_BYTES};
 use memmap2::MmapMut;
 
 use crate::address::Address;
@@ -353,7 +353,7 @@ impl VerbsSetup {
             hook(Access::Remote),
         );
         Ok(VerbsEndpoint {
-            st: RdmaState { peers: PeerList::new(peers), ..RdmaState::new(&cfg.eager, self.credit, self.registrations, self.mailbox) },
+            st: RdmaState::new(&cfg.eager, self.credit, self.registrations, self.mailbox, self.recv).with_peers(peers),
             max_inline,
             bounce_max: cfg.bounce_max,
             // Pieces of at most 1 MiB: a long READ response on a slow link
@@ -367,7 +367,6 @@ impl VerbsSetup {
             debug: std::env::var_os("FMX_VERBS_DEBUG").is_some(),
             send_pool,
             bounce,
-            recv: self.recv,
             recv_mr: self.recv_mr,
             _mailbox_mr: self.mailbox_mr,
             outbox: self.outbox,
@@ -417,7 +416,6 @@ pub struct VerbsEndpoint {
     send_pool: Pool<VerbsHook>,
     bounce: Pool<VerbsHook>,
     recv_mr: Mr,
-    recv: MmapMut,
     /// Registered for peers' credit writes; never read through.
     _mailbox_mr: Mr,
     outbox_mr: Mr,
@@ -711,10 +709,7 @@ impl RdmaDevice for VerbsEndpoint {
         Ok(SendOutcome::Sent)
     }
 
-    fn receive<F>(&mut self, _: Core, max: usize, sink: &mut F) -> Result<usize, TransportError>
-    where
-        F: FnMut(PeerId, &MsgHeader, &[u8]),
-    {
+    fn receive(&mut self, core: Core, max: usize, out: &mut Vec<Arrival>) -> Result<usize, TransportError> {
         let mut n = 0;
         let mut wcs = [ffi::ibv_wc::default(); CQ_BATCH];
         while n < max {
@@ -728,7 +723,6 @@ impl RdmaDevice for VerbsEndpoint {
                         return Err(TransportError::Malformed { peer: u32::MAX, what: "receive completion for an unknown queue pair" })
                     }
                 };
-                let addr = self.recv_mr.addr + (slot * self.st.slot_bytes) as u64;
                 if let Some((status, vendor)) = wc.error() {
                     if self.debug {
                         eprintln!(
@@ -742,20 +736,13 @@ impl RdmaDevice for VerbsEndpoint {
                     self.st.mark_dead(peer, format!("device {} reported on receive: {reason}", self.device), flushed);
                     continue; // the QP is in error: its slot is not reposted
                 }
-                let bytes = &self.recv[slot * self.st.slot_bytes..][..wc.len()];
-                let class = self.st.deliver(peer, bytes, "undecodable header in a verbs receive slot", sink)?;
-                let p = self.st.peers[peer as usize].as_mut().expect("a connected peer");
-                // Repost before returning the credit: the slot is free again only once posted.
-                // SAFETY: the slot lies in the registered receive region the endpoint owns.
-                let posted = unsafe {
-                    match &self.srq {
-                        Some(srq) => srq.post_recv(slot as u64, addr, self.st.slot_bytes as u32, self.recv_mr.lkey()),
-                        None => p.link.qp.post_recv(slot as u64, addr, self.st.slot_bytes as u32, self.recv_mr.lkey()),
-                    }
-                };
-                posted.map_err(|source| TransportError::Io { op: "repost a receive slot", peer, source })?;
-                self.st.released(peer, class);
-                n += 1;
+                let a = self.st.arrive(peer, slot as u64, wc.len(), "undecodable header in a verbs receive slot")?;
+                if RdmaState::<Link>::for_core(&a) {
+                    out.push(a);
+                    n += 1;
+                } else {
+                    self.release_slot(core, a)?;
+                }
             }
             if got < want {
                 break;
@@ -763,6 +750,24 @@ impl RdmaDevice for VerbsEndpoint {
         }
         self.reap_sends()?;
         Ok(n)
+    }
+
+    /// Reposts the slot before returning its credit: the slot is free again only once posted.
+    fn release_slot(&mut self, _: Core, arrival: Arrival) -> Result<(), TransportError> {
+        self.st.unhold(&arrival)?;
+        let (slot, peer) = (arrival.slot, arrival.peer);
+        let addr = self.recv_mr.addr + slot * self.st.slot_bytes as u64;
+        let (len, lkey) = (self.st.slot_bytes as u32, self.recv_mr.lkey());
+        let posted = match (&self.srq, self.st.peers.get(peer as usize)) {
+            // SAFETY: the slot lies in the registered receive region the endpoint owns.
+            (Some(srq), _) => unsafe { srq.post_recv(slot, addr, len, lkey) },
+            // SAFETY: as above, on the queue pair of the peer that owns the slot.
+            (None, Some(Some(p))) => unsafe { p.link.qp.post_recv(slot, addr, len, lkey) },
+            (None, _) => return Ok(()),
+        };
+        posted.map_err(|source| TransportError::Io { op: "repost a receive slot", peer, source })?;
+        self.st.released(peer, Class::of(arrival.header.kind));
+        Ok(())
     }
 
     /// The owned registration covering the region, a bounce buffer (filled

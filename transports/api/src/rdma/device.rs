@@ -3,7 +3,7 @@
 use super::sealed::{Core, Sealed};
 use super::RdmaState;
 use crate::ops::{Operations, Piece};
-use crate::{MsgHeader, PeerId, RemoteKey, SendOutcome, TransportError, HEADER_BYTES};
+use crate::{Arrival, PeerId, RemoteKey, SendOutcome, TransportError, HEADER_BYTES};
 
 /// Whether the device took an operation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -35,12 +35,14 @@ pub trait RdmaDevice: Sealed {
     /// when the device has no room for now.
     fn send_eager(&mut self, _: Core, peer: PeerId, header: &[u8; HEADER_BYTES], payload: &[u8]) -> Result<SendOutcome, TransportError>;
 
-    /// Reads completions of every kind, hands up to `max` received messages
-    /// to `sink` through [`RdmaState::deliver`], and reposts their slots
-    /// ([`RdmaState::released`]). Returns how many it handed.
-    fn receive<F>(&mut self, _: Core, max: usize, sink: &mut F) -> Result<usize, TransportError>
-    where
-        F: FnMut(PeerId, &MsgHeader, &[u8]);
+    /// Reads completions of every kind and appends up to `max` received
+    /// messages to `out` ([`RdmaState::arrive`]), leaving them in their slots;
+    /// a message only for the device is released at once. Returns how many
+    /// it appended.
+    fn receive(&mut self, _: Core, max: usize, out: &mut Vec<Arrival>) -> Result<usize, TransportError>;
+
+    /// Reposts `arrival`'s slot, then gives its credit back ([`RdmaState::released`]).
+    fn release_slot(&mut self, _: Core, arrival: Arrival) -> Result<(), TransportError>;
 
     /// A key through which peers read (or, when `writable`, write) `[ptr, ptr+len)`.
     fn expose_region(&mut self, _: Core, ptr: *mut u8, len: usize, writable: bool) -> Result<RemoteKey, TransportError>;

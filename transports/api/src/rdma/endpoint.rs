@@ -5,7 +5,10 @@ use std::time::{Duration, Instant};
 
 use super::sealed::Core;
 use super::{Admit, Posted, RdmaDevice};
-use crate::{Endpoint, MsgHeader, OpStatus, PeerId, PeerState, ReceiveMemory, RegistrationStats, RemoteKey, SendOutcome, TransportError};
+use crate::own::OWN_SLOT;
+use crate::{
+    Arrival, Endpoint, MsgHeader, OpStatus, PeerId, PeerState, ReceiveMemory, RegistrationStats, RemoteKey, SendOutcome, TransportError,
+};
 
 /// The token the core passes to the device.
 const CORE: Core = Core(());
@@ -165,19 +168,37 @@ impl<D: RdmaDevice + Send> Endpoint for D {
         self.state_mut(CORE).credit(peer)
     }
 
-    fn poll<F>(&mut self, max: usize, mut sink: F) -> Result<usize, TransportError>
-    where
-        F: FnMut(PeerId, &MsgHeader, &[u8]),
-    {
+    fn arrivals(&mut self, max: usize, out: &mut Vec<Arrival>) -> Result<usize, TransportError> {
         let st = self.state_mut(CORE);
         let rank = st.rank;
-        let mut n = st.own.drain(rank, max, &mut sink);
-        n += self.receive(CORE, max - n, &mut sink)?;
+        let mut n = st.own.take(rank, max, out);
+        n += self.receive(CORE, max - n, out)?;
         shared_post_pending(self)?;
         if self.state().explicit_due {
             self.return_credits(CORE, false)?;
         }
         Ok(n)
+    }
+
+    fn payload(&self, arrival: &Arrival) -> &[u8] {
+        if arrival.slot & OWN_SLOT != 0 {
+            return self.state().own.payload(arrival.slot);
+        }
+        self.state().payload(arrival)
+    }
+
+    fn release(&mut self, arrival: Arrival) -> Result<(), TransportError> {
+        if arrival.slot & OWN_SLOT != 0 {
+            self.state_mut(CORE).own.release(arrival.slot);
+            return Ok(());
+        }
+        let peer = arrival.peer;
+        self.release_slot(CORE, arrival)?;
+        // At once, not at the next poll: the receiver may wait elsewhere now.
+        if self.state().owes(peer) {
+            self.return_credits(CORE, false)?;
+        }
+        Ok(())
     }
 
     unsafe fn expose(&mut self, buf: &[u8]) -> Result<RemoteKey, TransportError> {

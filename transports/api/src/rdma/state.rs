@@ -10,7 +10,7 @@ use crate::credit::{Class, CreditConfig, Gate};
 use crate::own::{OwnQueue, OWN_SLOTS};
 use crate::peers::{Peer, PeerList, RdmaPeer};
 use crate::settings::{env_limited, limits};
-use crate::{MsgHeader, MsgKind, PeerId, ReceiveMemory, RegistrationStats, SendOutcome, TransportError, HEADER_BYTES};
+use crate::{Arrival, MsgHeader, MsgKind, PeerId, ReceiveMemory, RegistrationStats, SendOutcome, TransportError, HEADER_BYTES};
 
 /// The eager pool's settings, alike on every RDMA device.
 #[derive(Clone, Debug)]
@@ -80,6 +80,10 @@ pub struct RdmaState<L> {
     pub registrations: Arc<AtomicU64>,
     /// One word per peer: its cumulative credit returns, written by its device.
     pub mailbox: MmapMut,
+    /// The receive slots, `slot_bytes` each (registered by the device).
+    pub recv: MmapMut,
+    /// Receive slots handed to the core and not yet released, by index.
+    held: Vec<bool>,
 }
 
 /// What [`RdmaState::admit`] decided about an eager send.
@@ -95,7 +99,7 @@ pub enum Admit {
 
 impl<L> RdmaState<L> {
     /// The state of a new endpoint, before its peers are connected.
-    pub fn new(cfg: &EagerConfig, credit: CreditConfig, registrations: Arc<AtomicU64>, mailbox: MmapMut) -> Self {
+    pub fn new(cfg: &EagerConfig, credit: CreditConfig, registrations: Arc<AtomicU64>, mailbox: MmapMut, recv: MmapMut) -> Self {
         Self {
             rank: cfg.rank,
             size: cfg.size,
@@ -109,6 +113,8 @@ impl<L> RdmaState<L> {
             stats: RegistrationStats::default(),
             registrations,
             mailbox,
+            recv,
+            held: Vec::new(),
         }
     }
 
@@ -160,23 +166,67 @@ impl<L> RdmaState<L> {
         self.peers.credit(&self.mailbox, peer)
     }
 
-    /// Takes a received message out of its slot: checks the sender, decodes
-    /// the header, takes the credits it returns, and hands it to `sink`
-    /// unless it carried only credits. Returns the class of the slot, whose
-    /// credit goes back to the sender once the device has reposted it.
-    pub fn deliver<F>(&mut self, peer: PeerId, bytes: &[u8], undecodable: &'static str, sink: &mut F) -> Result<Class, TransportError>
-    where
-        F: FnMut(PeerId, &MsgHeader, &[u8]),
-    {
+    /// A message of `len` bytes (header included) in receive slot `slot`:
+    /// checks the sender, decodes the header and takes the credits it
+    /// returns. The device hands it to the core unless
+    /// [`RdmaState::for_core`] says it carried only credits, and reposts the
+    /// slot when it is released.
+    pub fn arrive(&mut self, peer: PeerId, slot: u64, len: usize, undecodable: &'static str) -> Result<Arrival, TransportError> {
+        let start = slot as usize * self.slot_bytes;
+        let bytes = self.recv.get(start..start + len).ok_or(TransportError::Malformed { peer, what: "a receive beyond its slot" })?;
+        let header = MsgHeader::decode(bytes).map_err(|_| TransportError::Malformed { peer, what: undecodable })?;
         let Some(Some(p)) = self.peers.get_mut(peer as usize) else {
             return Err(TransportError::Malformed { peer, what: "eager message from a rank that is not a peer" });
         };
-        let h = MsgHeader::decode(bytes).map_err(|_| TransportError::Malformed { peer, what: undecodable })?;
-        p.credits().on_receive(h.credits, h.ctrl_credits);
-        if !matches!(h.kind, MsgKind::Credit | MsgKind::Internal) {
-            sink(peer, &h, &bytes[HEADER_BYTES..]);
+        p.credits().on_receive(header.credits, header.ctrl_credits);
+        let i = slot as usize;
+        if self.held.len() <= i {
+            self.held.resize(i + 1, false);
         }
-        Ok(Class::of(h.kind))
+        self.held[i] = true;
+        Ok(Arrival { peer, header, slot, len: len - HEADER_BYTES })
+    }
+
+    /// Whether the core sees `arrival` (else the device releases it at once).
+    pub fn for_core(arrival: &Arrival) -> bool {
+        !matches!(arrival.header.kind, MsgKind::Credit | MsgKind::Internal)
+    }
+
+    /// The state with its peers connected (ourselves as `None`).
+    #[must_use]
+    pub fn with_peers(mut self, peers: Vec<Option<Peer<L>>>) -> Self {
+        self.peers = PeerList::new(peers);
+        self
+    }
+
+    /// The payload of a message handed out of receive slot `arrival.slot`
+    /// and not yet released (empty for any other).
+    pub fn payload(&self, arrival: &Arrival) -> &[u8] {
+        if !self.holds(arrival.slot) {
+            return &[];
+        }
+        let start = arrival.slot as usize * self.slot_bytes + HEADER_BYTES;
+        self.recv.get(start..start + arrival.len).unwrap_or(&[])
+    }
+
+    /// Whether receive slot `slot` holds a message handed out and not yet released.
+    pub fn holds(&self, slot: u64) -> bool {
+        self.held.get(slot as usize).copied().unwrap_or(false)
+    }
+
+    /// Ends the hold on `slot`: an error when it held nothing (a second
+    /// release would repost a slot twice and give its credit twice).
+    pub fn unhold(&mut self, arrival: &Arrival) -> Result<(), TransportError> {
+        match self.held.get_mut(arrival.slot as usize) {
+            Some(h) if *h => {
+                *h = false;
+                Ok(())
+            }
+            _ => Err(TransportError::Unsupported(format!(
+                "releasing a message from rank {} that this endpoint does not hold (release each arrival once)",
+                arrival.peer
+            ))),
+        }
     }
 
     /// The slot `peer` sent into is free again (reposted): its credit goes
@@ -186,6 +236,15 @@ impl<L> RdmaState<L> {
             p.credits().on_release(class);
         }
         self.explicit_due = true;
+    }
+
+    /// Whether `peer` is owed an explicit credit return now.
+    pub fn owes(&self, peer: PeerId) -> bool {
+        let credit = &self.credit;
+        match self.peers.get(peer as usize) {
+            Some(Some(p)) => p.credits.wants_explicit(credit),
+            _ => false,
+        }
     }
 
     /// The peers owed a credit return now (every live one when `all`), with

@@ -10,10 +10,16 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use super::sealed::{Core, Sealed};
+
+const CORE: Core = Core(());
 use super::*;
 use crate::ops::{Operations, Piece};
 use crate::peers::Peer;
-use crate::{Endpoint, MsgHeader, MsgKind, OpStatus, PeerId, PeerState, RemoteKey, SendOutcome, TransportError};
+use crate::{Arrival, Endpoint, MsgHeader, MsgKind, OpStatus, PeerId, PeerState, RemoteKey, SendOutcome, TransportError};
+
+/// Receive slots of each endpoint, and their size.
+const RECV_SLOTS: u64 = 16;
+const SLOT_BYTES: usize = 256;
 
 /// Messages in flight to each rank: (sender, header and payload).
 type Wires = Arc<Mutex<Vec<VecDeque<(PeerId, Vec<u8>)>>>>;
@@ -28,6 +34,7 @@ struct MemoryDevice {
     room: usize,
     /// The most messages that ever waited for one receiver.
     deepest: Arc<Mutex<usize>>,
+    next_slot: u64,
 }
 
 impl Sealed for MemoryDevice {}
@@ -56,18 +63,28 @@ impl RdmaDevice for MemoryDevice {
         *deepest = (*deepest).max(wires[peer as usize].len());
         Ok(SendOutcome::Sent)
     }
-    fn receive<F>(&mut self, _: Core, max: usize, sink: &mut F) -> Result<usize, TransportError>
-    where
-        F: FnMut(PeerId, &MsgHeader, &[u8]),
-    {
+    fn receive(&mut self, _: Core, max: usize, out: &mut Vec<Arrival>) -> Result<usize, TransportError> {
         let mut n = 0;
         while n < max {
             let Some((peer, bytes)) = self.wires.lock().expect("wires")[self.st.rank as usize].pop_front() else { break };
-            let class = self.st.deliver(peer, &bytes, "undecodable header in memory", sink)?;
-            self.st.released(peer, class);
-            n += 1;
+            // Slots in turn: at most a slice and the control slots are held at once.
+            let slot = self.next_slot % RECV_SLOTS;
+            self.next_slot += 1;
+            self.st.recv[slot as usize * SLOT_BYTES..][..bytes.len()].copy_from_slice(&bytes);
+            let a = self.st.arrive(peer, slot, bytes.len(), "undecodable header in memory")?;
+            if RdmaState::<()>::for_core(&a) {
+                out.push(a);
+                n += 1;
+            } else {
+                self.release_slot(CORE, a)?;
+            }
         }
         Ok(n)
+    }
+    fn release_slot(&mut self, _: Core, arrival: Arrival) -> Result<(), TransportError> {
+        self.st.unhold(&arrival)?;
+        self.st.released(arrival.peer, crate::credit::Class::of(arrival.header.kind));
+        Ok(())
     }
     fn expose_region(&mut self, _: Core, ptr: *mut u8, len: usize, _writable: bool) -> Result<RemoteKey, TransportError> {
         Ok(RemoteKey { addr: ptr as u64, len: len as u64, key: 1 })
@@ -129,10 +146,11 @@ fn pair() -> (MemoryDevice, MemoryDevice, Arc<Mutex<usize>>) {
     let mailboxes = Arc::new(Mutex::new(vec![0; 2]));
     let deepest = Arc::new(Mutex::new(0));
     let make = |rank: u32| {
-        let cfg = EagerConfig { rank, size: 2, pool: 8, slot_bytes: 256, newcomer: 2, threshold: Some(1) };
+        let cfg = EagerConfig { rank, size: 2, pool: 8, slot_bytes: SLOT_BYTES, newcomer: 2, threshold: Some(1) };
         let mailbox = memmap2::MmapMut::map_anon(16).expect("a mailbox");
         mailboxes.lock().expect("mailboxes")[rank as usize] = mailbox.as_ptr() as usize;
-        let mut st = RdmaState::new(&cfg, cfg.credits().expect("credits"), Arc::default(), mailbox);
+        let recv = memmap2::MmapMut::map_anon(RECV_SLOTS as usize * SLOT_BYTES).expect("receive slots");
+        let mut st = RdmaState::new(&cfg, cfg.credits().expect("credits"), Arc::default(), mailbox, recv);
         let host = crate::liveness::host_identity();
         let peer = Peer {
             credits: crate::credit::PeerCredits::new(&st.credit, 1 - rank < rank),
@@ -151,6 +169,7 @@ fn pair() -> (MemoryDevice, MemoryDevice, Arc<Mutex<usize>>) {
             ops: Operations::default(),
             room: usize::MAX,
             deepest: deepest.clone(),
+            next_slot: 0,
         }
     };
     (make(0), make(1), deepest)
@@ -244,6 +263,17 @@ fn bad_input_is_named_and_finalize_is_seen_through_the_mailbox() {
     // SAFETY: refused before anything moves: the range is outside the key.
     let refused = unsafe { b.read(0, &key, &mut local) };
     assert!(matches!(refused, Err(TransportError::RemoteBounds { peer: 0, len: 8, region: 4, .. })));
+    // A message stays in its slot until released, once: a second release
+    // (which would give the sender a credit twice) is refused.
+    assert_eq!(b.try_send(0, &header(4), b"held").expect("send"), SendOutcome::Sent);
+    let mut got = Vec::new();
+    assert_eq!(a.arrivals(8, &mut got).expect("arrivals"), 1);
+    let held = got.pop().expect("one arrival");
+    assert_eq!(a.payload(&held), b"held");
+    let copy = Arrival { peer: held.peer, header: held.header, slot: held.slot, len: held.len };
+    a.release(held).expect("release");
+    assert_eq!(a.payload(&copy), b"", "a released slot is not read");
+    assert!(matches!(a.release(copy), Err(TransportError::Unsupported(m)) if m.contains("does not hold")));
     assert_eq!(a.peer_state(1), PeerState::Alive);
     b.finalize().expect("finalize");
     assert_eq!(b.peer_state(1), PeerState::Finalized, "we know our own state");
