@@ -409,9 +409,15 @@ impl Engine {
     /// its slot, releasing it before running what it asks for. Every message
     /// is handled and released even when one fails (a slot never released
     /// would hold its sender's credit for ever); the first error is returned.
+    #[inline]
     fn receive(&mut self, lend: &mut LendTable) -> Result<usize> {
         let mut arrived = std::mem::take(&mut self.arrived);
         let got = self.tp.arrivals(POLL_BATCH, &mut arrived);
+        if arrived.is_empty() {
+            // The common case while waiting: nothing came.
+            self.arrived = arrived;
+            return Ok(got?);
+        }
         let mut first: Option<Error> = None;
         for a in arrived.drain(..) {
             let Self { tp, matching, reqs, poison, .. } = self;
@@ -744,6 +750,9 @@ impl Engine {
     fn withdraw(&mut self, id: ReqId) {
         if let Some(key) = self.reqs.get_mut(id).and_then(|r| r.exposed.take()) {
             self.tp.revoke(&key);
+        }
+        if self.queued == 0 {
+            return; // nothing queued: no need to look through every peer's queue
         }
         for q in &mut self.outq {
             let before = q.len();

@@ -227,6 +227,7 @@ pub struct ShmEndpoint {
 impl ShmEndpoint {
     /// Releases the oldest held slot of `peer`'s ring of `class` and returns
     /// its credit (messages to ourselves: our own credit).
+    #[inline]
     fn give_back(&mut self, peer: PeerId, class: Class) {
         let p = peer as usize;
         let ring = if class == Class::Data { &mut self.rx_data[p] } else { &mut self.rx_ctrl[p] };
@@ -287,6 +288,7 @@ impl ShmEndpoint {
     }
 
     /// Writes our cumulative returns into `p`'s mailbox when it is owed enough.
+    #[inline]
     fn return_credits_to(&mut self, p: PeerId) {
         if p == self.rank || !self.credits[p as usize].wants_explicit(&self.credit) {
             return;
@@ -557,6 +559,7 @@ impl Endpoint for ShmEndpoint {
         Ok(n)
     }
 
+    #[inline]
     fn payload(&self, arrival: &Arrival) -> &[u8] {
         let (peer, class, offset) = from_held_slot(arrival.slot);
         let ring = match (class, self.rx_data.get(peer as usize), self.rx_ctrl.get(peer as usize)) {
@@ -569,6 +572,7 @@ impl Endpoint for ShmEndpoint {
         held_payload(&self.own, &ring.ring(), offset, arrival.len)
     }
 
+    #[inline]
     fn release(&mut self, arrival: Arrival) -> Result<(), TransportError> {
         let (peer, class, offset) = from_held_slot(arrival.slot);
         let ring = match class {

@@ -106,6 +106,10 @@ pub struct RxRing {
     /// Messages released (read and given back): `next - done` are held.
     done: u64,
     switch: Option<(u64, u32)>,
+    /// Where message `next` lies: found once per message, not per look.
+    next_off: usize,
+    /// Where the held messages lie, oldest first.
+    held: std::collections::VecDeque<usize>,
 }
 
 /// A message still in its slot.
@@ -121,7 +125,7 @@ pub struct Slot<'a> {
 impl RxRing {
     /// Reads `ring` of our own segment.
     pub fn new(ring: Ring) -> Self {
-        Self { ring, next: 0, done: 0, switch: None }
+        Self { ring, next: 0, done: 0, switch: None, next_off: slot_of(&ring, None, 0), held: std::collections::VecDeque::new() }
     }
 
     /// Applies the sender's switch word; returns the new window `m` when it
@@ -132,6 +136,7 @@ impl RxRing {
             return None;
         }
         self.switch = Some(s);
+        self.next_off = slot_of(&self.ring, self.switch, self.next);
         Some(s.1)
     }
 
@@ -148,7 +153,7 @@ impl RxRing {
     /// The next message, if the sender has published it.
     #[inline]
     pub fn peek<'a>(&'a self, own: &'a Segment) -> Option<Slot<'a>> {
-        let off = slot_of(&self.ring, self.switch, self.next);
+        let off = self.next_off;
         if own.u64_at(off).load(Ordering::Acquire) != self.next + 1 {
             return None;
         }
@@ -172,23 +177,26 @@ impl RxRing {
     /// Moves past the current slot, which stays ours (held) until [`RxRing::release`].
     #[inline]
     pub fn advance(&mut self) {
+        self.held.push_back(self.next_off);
         self.next += 1;
+        self.next_off = slot_of(&self.ring, self.switch, self.next);
     }
 
     /// The offset of the oldest held slot.
     pub fn oldest_held(&self) -> Option<usize> {
-        (self.done < self.next).then(|| slot_of(&self.ring, self.switch, self.done))
+        self.held.front().copied()
     }
 
     /// Whether the slot at `offset` holds a message read and not yet released.
     pub fn holds(&self, offset: usize) -> bool {
-        (self.done..self.next).any(|i| slot_of(&self.ring, self.switch, i) == offset)
+        self.held.contains(&offset)
     }
 
     /// Gives the oldest held slot back; the caller returns its credit.
     #[inline]
     pub fn release(&mut self) {
         debug_assert!(self.done < self.next, "release of a slot never read");
+        self.held.pop_front();
         self.done += 1;
     }
 }

@@ -203,6 +203,7 @@ impl Segment {
 
     /// The shared 64-bit word at `off`.
     #[allow(clippy::cast_ptr_alignment)] // alignment of `off` is checked; the mapping is page aligned
+    #[inline]
     pub fn u64_at(&self, off: usize) -> &AtomicU64 {
         self.check(off, 8);
         // SAFETY: `off` is in bounds and 8-aligned (checked; the mapping is page
