@@ -168,7 +168,9 @@ pub trait Endpoint: Send {
     /// sender, and makes progress. Each stays in its slot (no copy) until
     /// [`Endpoint::release`]: read it with [`Endpoint::payload`] meanwhile,
     /// with the endpoint free for other calls (a read the message asks for).
-    /// Release them in the order they came. Returns how many it appended.
+    /// Release each once, in any order (where slots are reused in ring order,
+    /// as on shared memory, a slot's credit goes back once the older ones
+    /// from its sender are released too). Returns how many it appended.
     fn arrivals(&mut self, max: usize, out: &mut Vec<Arrival>) -> Result<usize, TransportError>;
 
     /// The payload of `arrival`, in its slot.

@@ -72,8 +72,10 @@ impl Endpoint for Loopback {
     }
 
     fn release(&mut self, arrival: Arrival) -> Result<(), TransportError> {
-        self.queue.release(arrival.slot);
-        Ok(())
+        if self.queue.release(arrival.slot) {
+            return Ok(());
+        }
+        Err(TransportError::Unsupported("releasing a message this endpoint does not hold (release each arrival once)".into()))
     }
 
     unsafe fn expose(&mut self, _buf: &[u8]) -> Result<RemoteKey, TransportError> {

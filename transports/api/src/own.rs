@@ -17,7 +17,8 @@ pub const OWN_SLOT: u64 = 1 << 63;
 /// The queue of messages to ourselves.
 #[derive(Debug)]
 pub struct OwnQueue {
-    queue: VecDeque<(MsgHeader, Vec<u8>)>,
+    /// Messages, and whether each was released (handed ones only).
+    queue: VecDeque<(MsgHeader, Vec<u8>, bool)>,
     /// The most messages queued at once.
     bound: usize,
     /// Messages at the front handed out and not yet released.
@@ -43,7 +44,7 @@ impl OwnQueue {
         if self.queue.len() >= self.bound {
             return SendOutcome::Backpressure;
         }
-        self.queue.push_back((*header, payload.to_vec()));
+        self.queue.push_back((*header, payload.to_vec(), false));
         SendOutcome::Sent
     }
 
@@ -60,26 +61,35 @@ impl OwnQueue {
     pub fn take(&mut self, me: PeerId, max: usize, out: &mut Vec<Arrival>) -> usize {
         let n = max.min(self.queue.len() - self.handed);
         for i in self.handed..self.handed + n {
-            let (header, data) = &self.queue[i];
+            let (header, data, _) = &self.queue[i];
             out.push(Arrival { peer: me, header: *header, slot: OWN_SLOT | (self.front + i as u64), len: data.len() });
         }
         self.handed += n;
         n
     }
 
-    /// The payload of a message [`OwnQueue::take`] handed out.
-    pub fn payload(&self, slot: u64) -> &[u8] {
+    /// The handed, unreleased message of `slot`.
+    fn held(&self, slot: u64) -> Option<usize> {
         let i = (slot & !OWN_SLOT).wrapping_sub(self.front) as usize;
-        self.queue.get(i).map_or(&[], |(_, d)| d)
+        (i < self.handed && !self.queue[i].2).then_some(i)
     }
 
-    /// Releases the oldest handed message (they are released in order).
-    pub fn release(&mut self, slot: u64) {
-        debug_assert_eq!(slot & !OWN_SLOT, self.front, "messages to ourselves are released in order");
-        if self.handed > 0 && self.queue.pop_front().is_some() {
+    /// The payload of a message [`OwnQueue::take`] handed out (empty once released).
+    pub fn payload(&self, slot: u64) -> &[u8] {
+        self.held(slot).map_or(&[], |i| &self.queue[i].1)
+    }
+
+    /// Releases a handed message; its place in the queue frees once the
+    /// older ones are released too. False when `slot` held nothing.
+    pub fn release(&mut self, slot: u64) -> bool {
+        let Some(i) = self.held(slot) else { return false };
+        self.queue[i].2 = true;
+        while self.handed > 0 && self.queue.front().is_some_and(|m| m.2) {
+            self.queue.pop_front();
             self.handed -= 1;
             self.front += 1;
         }
+        true
     }
 }
 
@@ -99,9 +109,12 @@ mod tests {
         let seen: Vec<(PeerId, u64, Vec<u8>)> = got.iter().map(|a| (a.peer, a.header.match_bits, q.payload(a.slot).to_vec())).collect();
         assert_eq!(seen, vec![(3, 0, vec![0]), (3, 1, vec![1])]);
         assert_eq!(q.credit(), SendOutcome::Backpressure, "a handed message holds its place until released");
-        for a in got.drain(..) {
-            q.release(a.slot);
-        }
+        let (first, second) = (got[0].slot, got[1].slot);
+        assert!(q.release(second), "any order");
+        assert_eq!(q.credit(), SendOutcome::Backpressure, "the older one still holds its place");
+        assert!(!q.release(second), "once");
+        assert!(q.release(first));
+        got.clear();
         assert_eq!(q.credit(), SendOutcome::Sent);
         assert_eq!(q.take(3, 8, &mut got), 2, "the rest, once");
         assert_eq!(q.take(3, 8, &mut got), 0);

@@ -108,8 +108,10 @@ pub struct RxRing {
     switch: Option<(u64, u32)>,
     /// Where message `next` lies: found once per message, not per look.
     next_off: usize,
-    /// Where the held messages lie, oldest first.
-    held: std::collections::VecDeque<usize>,
+    /// Where the held messages lie, oldest first, and whether each was
+    /// released already (a slot is given back only once every older one is:
+    /// the sender reuses slots in ring order).
+    held: std::collections::VecDeque<(usize, bool)>,
 }
 
 /// A message still in its slot.
@@ -177,27 +179,30 @@ impl RxRing {
     /// Moves past the current slot, which stays ours (held) until [`RxRing::release`].
     #[inline]
     pub fn advance(&mut self) {
-        self.held.push_back(self.next_off);
+        self.held.push_back((self.next_off, false));
         self.next += 1;
         self.next_off = slot_of(&self.ring, self.switch, self.next);
     }
 
-    /// The offset of the oldest held slot.
-    pub fn oldest_held(&self) -> Option<usize> {
-        self.held.front().copied()
-    }
-
     /// Whether the slot at `offset` holds a message read and not yet released.
     pub fn holds(&self, offset: usize) -> bool {
-        self.held.contains(&offset)
+        self.held.contains(&(offset, false))
     }
 
-    /// Gives the oldest held slot back; the caller returns its credit.
+    /// Releases the held slot at `offset`. Returns how many slots are free
+    /// again now, in ring order (0 while an older one is still held; the
+    /// caller returns that many credits), or `None` when `offset` held nothing.
     #[inline]
-    pub fn release(&mut self) {
-        debug_assert!(self.done < self.next, "release of a slot never read");
-        self.held.pop_front();
-        self.done += 1;
+    pub fn release(&mut self, offset: usize) -> Option<u32> {
+        let entry = self.held.iter_mut().find(|(o, released)| *o == offset && !*released)?;
+        entry.1 = true;
+        let mut freed = 0;
+        while self.held.front().is_some_and(|&(_, released)| released) {
+            self.held.pop_front();
+            self.done += 1;
+            freed += 1;
+        }
+        Some(freed)
     }
 }
 

@@ -189,8 +189,10 @@ impl<D: RdmaDevice + Send> Endpoint for D {
 
     fn release(&mut self, arrival: Arrival) -> Result<(), TransportError> {
         if arrival.slot & OWN_SLOT != 0 {
-            self.state_mut(CORE).own.release(arrival.slot);
-            return Ok(());
+            if self.state_mut(CORE).own.release(arrival.slot) {
+                return Ok(());
+            }
+            return Err(TransportError::Unsupported("releasing a message to ourselves that this endpoint does not hold".into()));
         }
         let peer = arrival.peer;
         self.release_slot(CORE, arrival)?;
