@@ -197,8 +197,11 @@ impl Segment {
         let _ = unsafe { self.map.unchecked_advise_range(memmap2::UncheckedAdvice::Remove, start, end - start) };
     }
 
+    #[inline]
     fn check(&self, off: usize, bytes: usize) {
-        assert!(off % bytes == 0 && off + bytes <= self.map.len(), "segment offset {off} misaligned or out of bounds");
+        debug_assert!(bytes.is_power_of_two());
+        // A mask, not `%`: this runs on every look at a slot.
+        assert!(off & (bytes - 1) == 0 && off + bytes <= self.map.len(), "segment offset {off} misaligned or out of bounds");
     }
 
     /// The shared 64-bit word at `off`.
