@@ -431,10 +431,13 @@ pub struct OfiEndpoint {
     outbox_mr: Mr,
     outbox: MmapMut,
     /// Contexts of posted operations: receive slots, control receives, then transmit contexts.
+    /// What every RDMA endpoint keeps alike. Its memory (receive slots,
+    /// mailbox) is unmapped after the regions covering it are closed and
+    /// before the domain is: libfabric's registration cache watches munmap
+    /// and must not be called into once its domain is gone.
+    st: RdmaState<Link>,
     ctx: Box<[Ctx]>,
     fabric: Arc<Fabric>,
-    /// What every RDMA endpoint keeps alike; its mailbox memory is freed last.
-    st: RdmaState<Link>,
 }
 
 // SAFETY: the raw pointers (pending pieces) point into buffers the core lends
