@@ -12,7 +12,8 @@ use std::time::Instant;
 use fmx::Op;
 
 /// One job's rank (`fmx-perf check-cost-rank ITERS SIZE...`, under fmxrun).
-pub fn rank_main(args: &[String]) -> Result<(), String> {
+pub fn rank_main(a: &RankArgs) -> Result<(), String> {
+    let args = &a.args;
     let iters: usize = args.first().and_then(|v| v.parse().ok()).ok_or("usage: check-cost-rank ITERS BYTES...")?;
     let sizes: Vec<usize> = args[1..].iter().map(|v| v.parse().map_err(|_| format!("size {v:?}"))).collect::<Result<_, _>>()?;
     let fmx = fmx::init().map_err(|e| e.to_string())?;
@@ -48,23 +49,36 @@ fn stats(v: &mut [f64]) -> (f64, f64, f64) {
     (v[v.len() / 2], v[0], v[v.len() - 1])
 }
 
-/// `fmx-perf check-cost [--np N] [--sizes 8,1048576] [--iters N] [--reps 5] [--update-readme FILE]`.
-pub fn main(args: &[String]) -> Result<(), String> {
-    let (mut np, mut sizes, mut iters, mut reps, mut readme) = (4u32, vec![8usize, 1 << 20], 2000usize, 5usize, None);
-    let mut it = args.iter();
-    while let Some(a) = it.next() {
-        let mut val = || it.next().ok_or_else(|| format!("{a} needs a value"));
-        match a.as_str() {
-            "--np" => np = val()?.parse().map_err(|_| "--np: not a number")?,
-            "--iters" => iters = val()?.parse().map_err(|_| "--iters: not a number")?,
-            "--reps" => reps = val()?.parse::<usize>().map_err(|_| "--reps: not a number")?.max(1),
-            "--sizes" => {
-                sizes = val()?.split(',').map(|s| s.parse().map_err(|_| format!("--sizes: {s:?}"))).collect::<Result<_, String>>()?
-            }
-            "--update-readme" => readme = Some(val()?.clone()),
-            other => return Err(format!("unknown option {other}")),
-        }
-    }
+/// Options of `fmx-perf check-cost`.
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// Ranks per job
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=64))]
+    np: u32,
+    /// Allreduce sizes in bytes (K and M suffixes)
+    #[arg(long, value_name = "LIST", default_value = "8,1048576", value_parser = crate::cli::size_list)]
+    sizes: std::vec::Vec<usize>,
+    /// Timed allreduces per size (a twentieth above 64 KiB)
+    #[arg(long, default_value_t = 2000, value_parser = clap::value_parser!(u64).range(1..))]
+    iters: u64,
+    /// Jobs per mode, interleaved
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u64).range(1..))]
+    reps: u64,
+    /// Replace the table between <!-- check-cost-table:begin --> and <!-- check-cost-table:end --> in FILE
+    #[arg(long, value_name = "FILE")]
+    update_readme: Option<std::path::PathBuf>,
+}
+
+/// The hidden rank subcommand's arguments, passed through as its parent wrote them.
+#[derive(clap::Args, Debug)]
+pub struct RankArgs {
+    #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+    args: Vec<String>,
+}
+
+/// Entry point of `fmx-perf check-cost`.
+pub fn main(a: &Args) -> Result<(), String> {
+    let (np, sizes, iters, reps, readme) = (a.np, a.sizes.clone(), a.iters as usize, a.reps as usize, a.update_readme.clone());
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
     // [mode][size] -> microseconds per allreduce, one per job.
     let mut got = vec![vec![Vec::new(); sizes.len()]; 2];

@@ -12,58 +12,52 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::process::Command;
 
-use crate::report::{parse_osu, Row};
+use crate::peers::Mpi;
+use crate::report::parse_osu;
 
-/// Open MPI's shared-memory path, with its out-of-band wiring kept on loopback.
-pub(crate) const OMPI_SHM_LO: [&str; 12] =
-    ["--mca", "pml", "ob1", "--mca", "btl", "self,vader", "--mca", "oob_tcp_if_include", "lo", "--mca", "btl_tcp_if_include", "lo"];
+/// Open MPI's shared-memory path.
+pub(crate) const OMPI_SHM: [&str; 6] = ["--mca", "pml", "ob1", "--mca", "btl", "self,vader"];
 
-struct Peer {
-    name: &'static str,
-    mpicc: &'static str,
-    launcher: &'static [&'static str],
-    /// Options after the launcher's own.
-    extra: &'static [&'static str],
-}
-
-const PEERS: &[Peer] = &[
-    Peer { name: "MPICH", mpicc: "mpicc.mpich", launcher: &["mpiexec.hydra", "-iface", "lo", "-n", "2", "-bind-to", "core"], extra: &[] },
-    Peer {
-        name: "Open MPI",
-        mpicc: "mpicc.openmpi",
-        launcher: &["mpirun.openmpi", "--allow-run-as-root", "-n", "2", "--bind-to", "core"],
-        extra: &OMPI_SHM_LO,
-    },
-];
-
-fn build_peer(p: &Peer) -> Result<PathBuf, String> {
-    crate::peers::build(p.mpicc, "osu_peer", &["-Wno-stringop-overflow"])
+/// One OSU-methodology sweep of `mpi`'s peer: two ranks, bound to cores.
+fn peer_sweep(mpi: Mpi, bin: &std::path::Path, test: &str, max: usize) -> Result<String, String> {
+    let mut c = mpi.launcher()?;
+    match mpi {
+        Mpi::Mpich => c.args(["-n", "2", "-bind-to", "core"]),
+        Mpi::OpenMpi => c.args(["-n", "2", "--bind-to", "core"]).args(OMPI_SHM),
+    };
+    crate::peers::run(c.arg(bin).args([test, &max.to_string()]))
 }
 
 type Table = BTreeMap<(&'static str, usize), Vec<(String, f64)>>;
 
-fn record(table: &mut Table, test: &'static str, who: &str, rows: &[Row], sizes: &[usize]) {
-    for r in rows.iter().filter(|r| sizes.contains(&r.size)) {
-        table.entry((test, r.size)).or_default().push((who.to_owned(), r.value));
+fn record(table: &mut Table, test: &'static str, who: &str, rows: &[(usize, f64)], sizes: &[usize]) {
+    for &(size, value) in rows.iter().filter(|r| sizes.contains(&r.0)) {
+        table.entry((test, size)).or_default().push((who.to_owned(), value));
     }
 }
 
+/// Options of `fmx-perf compare`.
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// The sizes in the table (bytes; K and M suffixes)
+    #[arg(long, value_name = "LIST", default_value = "8,1048576,4194304", value_parser = crate::cli::size_list)]
+    pub sizes: std::vec::Vec<usize>,
+    /// Replace the table between <!-- perf-table:begin --> and <!-- perf-table:end --> in FILE
+    #[arg(long, value_name = "FILE")]
+    pub update_readme: Option<PathBuf>,
+    /// fmx alone, no MPI peers
+    #[arg(long)]
+    pub no_peers: bool,
+    /// Take the peers' C sources (osu_peer.c, ...) from DIR instead of the copies inside fmx-perf
+    #[arg(long, value_name = "DIR")]
+    pub peer_src: Option<PathBuf>,
+}
+
 /// Entry point of `fmx-perf compare`.
-pub fn main(args: &[String]) -> Result<(), String> {
-    let mut sizes = vec![8usize, 1 << 20, 4 << 20];
-    let mut readme = None;
-    let mut peers = true;
-    let mut it = args.iter();
-    while let Some(a) = it.next() {
-        match a.as_str() {
-            "--sizes" => {
-                let v = it.next().ok_or("--sizes needs a list")?;
-                sizes = v.split(',').map(|s| s.trim().parse().map_err(|_| format!("bad size {s:?}"))).collect::<Result<_, _>>()?;
-            }
-            "--update-readme" => readme = Some(it.next().ok_or("--update-readme needs a file")?.clone()),
-            "--no-peers" => peers = false,
-            other => return Err(format!("unknown option {other}")),
-        }
+pub fn main(a: &Args) -> Result<(), String> {
+    let (sizes, readme, peers) = (a.sizes.clone(), a.update_readme.clone(), !a.no_peers);
+    if let Some(d) = &a.peer_src {
+        crate::peers::set_peer_src(d.clone());
     }
     let max = sizes.iter().copied().max().unwrap_or(8).next_power_of_two();
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
@@ -73,18 +67,32 @@ pub fn main(args: &[String]) -> Result<(), String> {
         let out = crate::peers::run(Command::new(&exe).args([test, "--max-size", &max.to_string()]))?;
         record(&mut table, test, "fmx", &parse_osu(&out), &sizes);
     }
+    let mut missing = Vec::new();
+    let mut versions = Vec::new();
     if peers {
-        for p in PEERS {
-            let bin = build_peer(p)?;
+        for mpi in Mpi::ALL {
+            // A peer that is not installed is listed with the reason; the others still run.
+            let bin = match mpi.build("osu_peer", &["-Wno-stringop-overflow"]) {
+                Ok(b) => b,
+                Err(e) => {
+                    missing.push(e);
+                    continue;
+                }
+            };
             for test in ["latency", "bw"] {
-                let (prog, rest) = p.launcher.split_first().expect("launcher");
-                let out = crate::peers::run(Command::new(prog).args(rest).args(p.extra).arg(&bin).args([test, &max.to_string()]))?;
-                record(&mut table, test, p.name, &parse_osu(&out), &sizes);
+                record(&mut table, test, mpi.name(), &parse_osu(&peer_sweep(mpi, &bin, test, max)?), &sizes);
             }
-            names.push(p.name.to_owned());
+            names.push(mpi.name().to_owned());
+            versions.push(format!("{} {}", mpi.name(), mpi.version()));
         }
     }
-    let text = render(&table, &names);
+    let mut text = render(&table, &names);
+    if !versions.is_empty() {
+        text.push_str(&format!("\nPeers: {}; fmx {}.\n", versions.join(", "), crate::cli::VERSION));
+    }
+    for m in &missing {
+        text.push_str(&format!("\nNot compared: {m}\n"));
+    }
     print!("{text}");
     if let Some(path) = readme {
         crate::report::update_readme(&path, "perf-table", &text)?;

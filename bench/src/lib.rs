@@ -4,7 +4,9 @@
 //! MPI peers and fi_pingpong.
 
 pub mod check_cost;
+pub mod cli;
 pub mod compare;
+pub mod meta;
 pub mod neighbor;
 pub mod neighbor_compare;
 pub mod ofi_compare;
@@ -13,3 +15,4 @@ pub mod params;
 pub mod peers;
 pub mod redistribute;
 pub mod report;
+pub mod stats;

@@ -14,6 +14,34 @@ use fmx::{Fmx, Info, Op, Reorder, Result, Weights};
 /// The default k values (doubles per neighbour).
 pub const KS: &[usize] = &[1, 64, 4096, 65536];
 
+/// Options of `fmx-perf neighbor`.
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// Ranks to start when run alone (under a launcher: the world's size)
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=64))]
+    np: u32,
+    /// Doubles per neighbour
+    #[arg(long, value_name = "LIST", value_delimiter = ',', default_values_t = KS.to_vec())]
+    ks: Vec<usize>,
+}
+
+/// `fmx-perf neighbor`: under a launcher, measure; alone, start `--np` local ranks
+/// running the same command line.
+pub fn main(a: &Args) -> std::result::Result<(), String> {
+    let e2s = |e: fmx::Error| e.to_string();
+    let launched = ["FMX_RANK", "PMI_FD"].iter().any(|v| std::env::var_os(v).is_some());
+    if !launched {
+        return crate::peers::launch_self(a.np, None);
+    }
+    let fmx = fmx::init().map_err(e2s)?;
+    crate::peers::pin(fmx.world().rank());
+    let rows = run(&fmx, &a.ks).map_err(e2s)?;
+    if fmx.world().rank() == 0 {
+        print!("{}", render(&rows, fmx.world().size(), fmx.world().transport_name()));
+    }
+    fmx.finalize().map_err(e2s)
+}
+
 /// Iterations and warm-up for k, as the C peer runs them.
 fn loops(k: usize) -> (usize, usize) {
     match k {

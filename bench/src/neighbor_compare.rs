@@ -5,6 +5,8 @@
 
 use std::process::Command;
 
+use crate::peers::Mpi;
+
 use crate::neighbor::{parse, NeighborRow, KS};
 
 /// `k us` rows of a peer.
@@ -18,63 +20,44 @@ fn parse_peer(text: &str) -> Vec<(usize, f64)> {
         .collect()
 }
 
-fn build(mpicc: &str) -> Result<std::path::PathBuf, String> {
-    crate::peers::build(mpicc, "neighbor_peer", &[])
+fn peer(mpi: Mpi, n: u32, ks: &str) -> Result<Vec<(usize, f64)>, String> {
+    let np = n.to_string();
+    let bin = mpi.build("neighbor_peer", &[])?;
+    let mut c = mpi.launcher()?;
+    match mpi {
+        Mpi::Mpich => c.args(["-n", &np, "-bind-to", "core"]),
+        Mpi::OpenMpi => c.args(["--oversubscribe", "-n", &np, "--bind-to", "core:overload-allowed"]).args(crate::compare::OMPI_SHM),
+    };
+    Ok(parse_peer(&crate::peers::run(c.arg(bin).arg(ks))?))
 }
 
-fn peer(name: &str, n: u32, ks: &str) -> Result<Vec<(usize, f64)>, String> {
-    let np = n.to_string();
-    let out = if name == "MPICH" {
-        let bin = build("mpicc.mpich")?;
-        // Hydra would pick the outside interface; UCX (MPICH's ch4 device) too.
-        crate::peers::run(
-            Command::new("mpiexec.hydra")
-                .env("UCX_NET_DEVICES", "lo")
-                .args(["-iface", "lo", "-n", &np, "-bind-to", "core"])
-                .arg(bin)
-                .arg(ks),
-        )?
-    } else {
-        let bin = build("mpicc.openmpi")?;
-        crate::peers::run(
-            Command::new("mpirun.openmpi")
-                .args(["--allow-run-as-root", "--oversubscribe", "-n", &np, "--bind-to", "core:overload-allowed"])
-                .args(crate::compare::OMPI_SHM_LO)
-                .arg(bin)
-                .arg(ks),
-        )?
-    };
-    Ok(parse_peer(&out))
+/// Options of `fmx-perf neighbor-compare`.
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// Rank counts, one job per count and side
+    #[arg(long, value_name = "LIST", value_delimiter = ',', default_values_t = [2u32, 4])]
+    ranks: Vec<u32>,
+    /// Doubles per neighbour
+    #[arg(long, value_name = "LIST", value_delimiter = ',', default_values_t = KS.to_vec())]
+    ks: Vec<usize>,
+    /// Replace the table between <!-- neighbor-table:begin --> and <!-- neighbor-table:end --> in FILE
+    #[arg(long, value_name = "FILE")]
+    update_readme: Option<std::path::PathBuf>,
 }
 
 /// Entry point of `fmx-perf neighbor-compare`.
-pub fn main(args: &[String]) -> Result<(), String> {
-    let mut ranks = vec![2u32, 4];
-    let mut ks: Vec<usize> = KS.to_vec();
-    let mut readme = None;
-    let mut it = args.iter();
-    while let Some(a) = it.next() {
-        let list = |v: Option<&String>, what: &str| -> Result<Vec<usize>, String> {
-            let v = v.ok_or(format!("{what} needs a list"))?;
-            v.split(',').map(|s| s.trim().parse().map_err(|_| format!("{what}: bad value {s:?}"))).collect()
-        };
-        match a.as_str() {
-            "--ranks" => ranks = list(it.next(), "--ranks")?.into_iter().map(|r| r as u32).collect(),
-            "--ks" => ks = list(it.next(), "--ks")?,
-            "--update-readme" => readme = Some(it.next().ok_or("--update-readme needs a file")?.clone()),
-            other => return Err(format!("unknown option {other}")),
-        }
-    }
+pub fn main(a: &Args) -> Result<(), String> {
+    let (ranks, ks, readme) = (&a.ranks, &a.ks, &a.update_readme);
     let ks_arg = ks.iter().map(ToString::to_string).collect::<Vec<_>>().join(",");
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
     let mut text = String::from(
         "| ranks | k | fmx persistent (us) | fmx neighbor_alltoallv (us) | MPICH (us) | Open MPI (us) | best peer / fmx persistent |\n|---:|---:|---:|---:|---:|---:|---:|\n",
     );
-    for &n in &ranks {
+    for &n in ranks {
         let fmx: Vec<NeighborRow> =
             parse(&crate::peers::run(Command::new(&exe).args(["neighbor", "--np", &n.to_string(), "--ks", &ks_arg]))?);
-        let mpich = peer("MPICH", n, &ks_arg)?;
-        let ompi = peer("Open MPI", n, &ks_arg)?;
+        let mpich = peer(Mpi::Mpich, n, &ks_arg)?;
+        let ompi = peer(Mpi::OpenMpi, n, &ks_arg)?;
         for r in &fmx {
             let get = |v: &[(usize, f64)]| v.iter().find(|x| x.0 == r.k).map(|x| x.1);
             let (m, o) = (get(&mpich), get(&ompi));

@@ -16,71 +16,64 @@ use std::time::Duration;
 
 use crate::report::parse_osu;
 
-struct Options {
+/// Options of `fmx-perf ofi-compare`.
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// The libfabric provider, for both sides
+    #[arg(long, default_value = "tcp;ofi_rxm")]
     provider: String,
-    domain: Option<String>,
-    /// Where the fi_pingpong client finds its server (an address on the server's domain).
+    /// The libfabric domain (an interface for tcp, a device for verbs); empty: the provider's choice
+    #[arg(long, default_value = "lo")]
+    domain: String,
+    /// Where the fi_pingpong client finds its server (an address on the server's domain)
+    #[arg(long, default_value = "127.0.0.1")]
     server: String,
-    sizes: Vec<usize>,
-    iters: usize,
-    /// Interleaved runs of each side; the table shows medians.
-    reps: usize,
-    readme: Option<String>,
+    /// The sizes in the table (bytes; K and M suffixes)
+    #[arg(long, value_name = "LIST", default_value = "8,1048576", value_parser = crate::cli::size_list)]
+    sizes: std::vec::Vec<usize>,
+    /// Latency iterations up to 8 KiB (a tenth above; bw a twentieth)
+    #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(10..))]
+    iters: u64,
+    /// Interleaved runs of each side; the table shows medians
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..))]
+    reps: u64,
+    /// Replace the table between <!-- ofi-table:begin --> and <!-- ofi-table:end --> in FILE
+    #[arg(long, value_name = "FILE")]
+    update_readme: Option<std::path::PathBuf>,
 }
 
-fn parse(args: &[String]) -> Result<Options, String> {
-    let mut o = Options {
-        provider: "tcp;ofi_rxm".into(),
-        domain: Some("lo".into()),
-        server: "127.0.0.1".into(),
-        sizes: vec![8, 1 << 20],
-        iters: 10_000,
-        reps: 3,
-        readme: None,
-    };
-    let mut it = args.iter();
-    while let Some(a) = it.next() {
-        let mut val = || it.next().cloned().ok_or_else(|| format!("{a} needs a value"));
-        match a.as_str() {
-            "--provider" => o.provider = val()?,
-            "--domain" => o.domain = Some(val()?).filter(|d| !d.is_empty()),
-            "--server" => o.server = val()?,
-            "--iters" => o.iters = val()?.parse().map_err(|_| "--iters needs a number")?,
-            "--reps" => o.reps = val()?.parse::<usize>().map_err(|_| "--reps needs a number")?.max(1),
-            "--sizes" => {
-                o.sizes = val()?.split(',').map(|s| s.trim().parse().map_err(|_| format!("bad size {s:?}"))).collect::<Result<_, _>>()?;
-            }
-            "--update-readme" => o.readme = Some(val()?),
-            other => return Err(format!("unknown option {other}")),
-        }
+impl Args {
+    fn domain(&self) -> Option<&str> {
+        Some(self.domain.as_str()).filter(|d| !d.is_empty())
     }
-    Ok(o)
 }
 
 /// fmx-perf's OSU figure for one size over the ofi transport.
-fn fmx(o: &Options, test: &str, size: usize) -> Result<f64, String> {
+fn fmx(o: &Args, test: &str, size: usize) -> Result<f64, String> {
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
-    let iters = if test == "latency" { o.iters } else { (o.iters / 20).max(10) };
+    // bw a twentieth of the latency count; a tenth of that above 8 KiB (OSU's large sizes).
+    let iters = if test == "latency" { o.iters as usize } else { o.iters as usize / 20 };
+    let iters = if size > crate::params::LARGE_THRESHOLD { iters / 10 } else { iters }.max(10);
     let mut cmd = Command::new(exe);
     cmd.args([test, "--transport", "ofi", "--min-size", &size.to_string(), "--max-size", &size.to_string()])
         .args(if test == "bw" { &["--window", "16"][..] } else { &[] })
         .args(["--iters", &iters.to_string(), "--warmup", &(iters / 10).max(10).to_string()])
         .env("FMX_OFI_PROVIDER", &o.provider);
-    match &o.domain {
+    match o.domain() {
         Some(d) => cmd.env("FMX_OFI_DOMAIN", d),
         None => cmd.env_remove("FMX_OFI_DOMAIN"),
     };
     let out = crate::peers::run(&mut cmd)?;
     parse_osu(&out)
         .iter()
-        .find(|r| r.size == size)
-        .map(|r| r.value)
+        .find(|r| r.0 == size)
+        .map(|r| r.1)
         .ok_or_else(|| format!("fmx-perf {test} printed no {size} B row:\n{out}"))
 }
 
 /// The domain of rank (or fi_pingpong side) `i`: `--domain a,b` gives rank 0 `a` and rank 1 `b`.
-fn domain_of(o: &Options, i: usize) -> Option<&str> {
-    let d = o.domain.as_deref()?;
+fn domain_of(o: &Args, i: usize) -> Option<&str> {
+    let d = o.domain()?;
     let parts: Vec<&str> = d.split(',').collect();
     Some(parts[i % parts.len()])
 }
@@ -89,8 +82,8 @@ fn domain_of(o: &Options, i: usize) -> Option<&str> {
 /// includes connecting (rxm connects on the first message: 100 iterations of
 /// 8 B over tcp report 108 us/xfer, 10,000 report 5.4), so it runs twice, with
 /// `iters` and `iters / 5`, and the fixed cost cancels in the difference.
-fn pingpong(o: &Options, size: usize) -> Result<(f64, f64), String> {
-    let (n2, n1) = (o.iters.max(10), (o.iters / 5).max(2));
+fn pingpong(o: &Args, size: usize) -> Result<(f64, f64), String> {
+    let (n2, n1) = (o.iters as usize, (o.iters as usize / 5).max(2));
     let u2 = pingpong_once(o, size, n2)?;
     let u1 = pingpong_once(o, size, n1)?;
     let lat = (u2 * n2 as f64 - u1 * n1 as f64) / (n2 - n1) as f64;
@@ -101,7 +94,7 @@ fn pingpong(o: &Options, size: usize) -> Result<(f64, f64), String> {
 
 /// One fi_pingpong run of `iters` round trips: its usec/xfer. The server (like
 /// fmx's rank 1) on core 1 and the second domain, the client on core 0 and the first.
-fn pingpong_once(o: &Options, size: usize, iters: usize) -> Result<f64, String> {
+fn pingpong_once(o: &Args, size: usize, iters: usize) -> Result<f64, String> {
     let side = |i: usize| {
         let mut c = Command::new("taskset");
         c.args(["-c", &i.to_string(), "fi_pingpong", "-p", &o.provider, "-e", "rdm", "-I", &iters.to_string(), "-S", &size.to_string()]);
@@ -153,15 +146,14 @@ fn fabtests_size(s: &str) -> Option<usize> {
 }
 
 /// Entry point of `fmx-perf ofi-compare`.
-pub fn main(args: &[String]) -> Result<(), String> {
-    let o = parse(args)?;
+pub fn main(o: &Args) -> Result<(), String> {
     let mut rows = String::new();
     for &size in &o.sizes {
         // Interleaved runs, medians: a 2-core host drifts by 20% between back-to-back runs.
         let (mut lats, mut pps) = (Vec::new(), Vec::new());
         for _ in 0..o.reps {
-            lats.push(fmx(&o, "latency", size)?);
-            pps.push(pingpong(&o, size)?);
+            lats.push(fmx(o, "latency", size)?);
+            pps.push(pingpong(o, size)?);
         }
         let lat = median(&mut lats);
         let pp_lat = median(&mut pps.iter().map(|p| p.0).collect::<Vec<_>>());
@@ -174,11 +166,11 @@ pub fn main(args: &[String]) -> Result<(), String> {
                 "| ping-pong bandwidth (MB/s) | {size} B | {fmx_pp_bw:.1} | {pp_bw:.1} | {:.2}x |\n",
                 fmx_pp_bw / pp_bw
             ));
-            let bw = median(&mut (0..o.reps).map(|_| fmx(&o, "bw", size)).collect::<Result<Vec<_>, _>>()?);
+            let bw = median(&mut (0..o.reps).map(|_| fmx(o, "bw", size)).collect::<Result<Vec<_>, _>>()?);
             rows.push_str(&format!("| streaming bandwidth (MB/s), fmx-perf bw | {size} B | {bw:.1} | {pp_bw:.1} | {:.2}x |\n", bw / pp_bw));
         }
     }
-    let dom = o.domain.as_deref().map_or(String::new(), |d| format!(", domain {d}"));
+    let dom = o.domain().map_or(String::new(), |d| format!(", domain {d}"));
     let text = format!(
         "Provider {}{dom}, libfabric {}; medians of {} interleaved runs per side.\n\n| test | size | fmx (ofi) | fi_pingpong | fmx vs fi_pingpong |\n|---|---:|---:|---:|---:|\n{rows}\n\
          Ratios above 1 mean fmx is better.\n",
@@ -187,7 +179,7 @@ pub fn main(args: &[String]) -> Result<(), String> {
         o.reps
     );
     print!("{text}");
-    if let Some(path) = o.readme {
+    if let Some(path) = &o.update_readme {
         crate::report::update_readme(&path, "ofi-table", &text)?;
     }
     Ok(())

@@ -1,4 +1,6 @@
-//! What to measure.
+//! What to measure: the test, its sizes and OSU's iteration counts.
+
+use crate::cli::PerfArgs;
 
 /// Which test.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -12,16 +14,6 @@ pub enum Test {
 }
 
 impl Test {
-    /// Parses `latency`, `bw`, `bibw`.
-    pub fn parse(s: &str) -> Option<Self> {
-        match s {
-            "latency" | "lat" => Some(Self::Latency),
-            "bw" => Some(Self::Bw),
-            "bibw" => Some(Self::Bibw),
-            _ => None,
-        }
-    }
-
     /// The name used on the command line and in reports.
     pub fn name(self) -> &'static str {
         match self {
@@ -30,14 +22,21 @@ impl Test {
             Self::Bibw => "bibw",
         }
     }
+}
 
-    /// Column header of the OSU output.
-    pub fn unit(self) -> &'static str {
-        match self {
-            Self::Latency => "Latency (us)",
-            Self::Bw | Self::Bibw => "Bandwidth (MB/s)",
-        }
-    }
+/// How results are written.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Format {
+    /// OSU's two columns (`Size`, value).
+    Osu,
+    /// OSU's `-f`: average, minimum, maximum, iterations.
+    Full,
+    /// perftest's columns.
+    Stats,
+    /// One JSON document.
+    Json,
+    /// CSV rows.
+    Csv,
 }
 
 /// Settings of a run (OSU's defaults).
@@ -49,26 +48,71 @@ pub struct Params {
     pub min_size: usize,
     /// Largest message (bytes).
     pub max_size: usize,
-    /// Iterations for sizes up to `large_threshold` (None: OSU's default per test).
+    /// Timed iterations for every size (None: OSU's default per test and size).
     pub iters: Option<usize>,
-    /// Warm-up iterations (None: OSU's default).
+    /// Warm-up iterations for every size (None: OSU's default).
     pub warmup: Option<usize>,
     /// Messages in flight for bw/bibw.
     pub window: usize,
-    /// Print JSON instead of OSU columns.
-    pub json: bool,
+    /// The output.
+    pub format: Format,
+    /// Bandwidth in Gb/s rather than MB/s.
+    pub gbits: bool,
     /// Send from and receive into plain `Vec`s instead of registered buffers
     /// (measures the bounce/per-operation registration path of verbs).
     pub plain: bool,
 }
 
-/// Above this size OSU uses fewer iterations.
+/// Above this size OSU uses fewer iterations (its `LARGE_MESSAGE_SIZE`).
 pub const LARGE_THRESHOLD: usize = 8192;
 
 impl Params {
     /// OSU defaults for `test`: sizes 1 B .. 4 MiB, window 64.
     pub fn new(test: Test) -> Self {
-        Self { test, min_size: 1, max_size: 4 << 20, iters: None, warmup: None, window: 64, json: false, plain: false }
+        Self {
+            test,
+            min_size: 1,
+            max_size: 4 << 20,
+            iters: None,
+            warmup: None,
+            window: 64,
+            format: Format::Osu,
+            gbits: false,
+            plain: false,
+        }
+    }
+
+    /// The run `args` ask for; an error names a contradiction clap cannot see.
+    pub fn from_args(test: Test, a: &PerfArgs) -> Result<Self, String> {
+        let mut p = Self::new(test);
+        if let Some(r) = a.message_size {
+            p.max_size = r.max;
+            p.min_size = r.min.unwrap_or(p.min_size.min(r.max));
+        }
+        p.min_size = a.min_size.unwrap_or(p.min_size);
+        p.max_size = a.max_size.unwrap_or(p.max_size);
+        if p.min_size > p.max_size {
+            return Err(format!("the smallest size {} is above the largest {}", p.min_size, p.max_size));
+        }
+        p.iters = a.iterations.map(|i| i as usize);
+        p.warmup = a.warmup.map(|i| i as usize);
+        p.window = a.window as usize;
+        p.format = match (a.json, a.csv, a.stats, a.full) {
+            (true, _, _, _) => Format::Json,
+            (_, true, _, _) => Format::Csv,
+            (_, _, true, _) => Format::Stats,
+            (_, _, _, true) => Format::Full,
+            _ => Format::Osu,
+        };
+        p.gbits = a.report_gbits;
+        p.plain = a.plain;
+        Ok(p)
+    }
+
+    /// Whether each iteration is timed on its own (the statistics need it;
+    /// OSU's plain columns time the whole loop, as OSU does).
+    pub fn per_iteration(&self) -> bool {
+        self.format != Format::Osu
     }
 
     /// The sizes measured: 0 if asked, then powers of two.
@@ -85,16 +129,49 @@ impl Params {
         v
     }
 
-    /// (iterations, warm-up) for a size, as OSU picks them.
+    /// OSU's (iterations, warm-up) for small and for large sizes of this test.
+    pub fn osu_defaults(&self) -> [(usize, usize); 2] {
+        match self.test {
+            Test::Latency => [(10_000, 1_000), (1_000, 100)],
+            Test::Bw | Test::Bibw => [(100, 10), (20, 2)],
+        }
+    }
+
+    /// (iterations, warm-up) for a size: `-i` and `-x` for every size, as
+    /// OSU takes them, else OSU's defaults (fewer above 8 KiB).
     pub fn loops(&self, size: usize) -> (usize, usize) {
-        let large = size > LARGE_THRESHOLD;
-        let (it, skip) = match (self.test, large) {
-            (Test::Latency, false) => (10_000, 1_000),
-            (Test::Latency, true) => (1_000, 100),
-            (_, false) => (100, 10),
-            (_, true) => (20, 2),
-        };
-        let it = self.iters.map_or(it, |i| if large { (i / 10).max(1) } else { i });
-        (it, self.warmup.unwrap_or(skip))
+        let (it, skip) = self.osu_defaults()[usize::from(size > LARGE_THRESHOLD)];
+        (self.iters.unwrap_or(it), self.warmup.unwrap_or(skip))
+    }
+
+    /// The header line that says how many iterations each size got.
+    pub fn loops_line(&self) -> String {
+        let [(si, sw), (li, lw)] = self.osu_defaults();
+        match (self.iters, self.warmup) {
+            (Some(i), Some(w)) => format!("{i} iterations and {w} warm-up for every size"),
+            (Some(i), None) => format!("{i} iterations for every size; warm-up {sw} up to {LARGE_THRESHOLD} B, {lw} above"),
+            (None, Some(w)) => format!("{si} iterations up to {LARGE_THRESHOLD} B, {li} above (OSU's); warm-up {w} for every size"),
+            (None, None) => format!("{si} iterations and {sw} warm-up up to {LARGE_THRESHOLD} B, {li} and {lw} above (OSU's)"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cli::SizeRange;
+
+    #[test]
+    fn osu_flags_set_the_range_and_every_size_iterations() {
+        let a = PerfArgs { message_size: Some(SizeRange { min: None, max: 4096 }), iterations: Some(50), ..PerfArgs::default() };
+        let p = Params::from_args(Test::Latency, &a).unwrap();
+        assert_eq!((p.min_size, p.max_size), (1, 4096));
+        assert_eq!(p.sizes().len(), 13);
+        assert_eq!(p.loops(8), (50, 1000));
+        assert_eq!(p.loops(1 << 20), (50, 100), "-i is not divided for large sizes");
+        let a = PerfArgs { message_size: Some(SizeRange { min: Some(0), max: 8 }), ..PerfArgs::default() };
+        assert_eq!(Params::from_args(Test::Bw, &a).unwrap().sizes(), [0, 1, 2, 4, 8]);
+        let a = PerfArgs { min_size: Some(64), max_size: Some(8), ..PerfArgs::default() };
+        assert!(Params::from_args(Test::Bw, &a).unwrap_err().contains("64 is above the largest 8"));
     }
 }

@@ -13,13 +13,15 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Instant;
 
+use crate::peers::Mpi;
 use fmx::malleable::{block_range, recv_blocks, send_blocks};
 
 /// Best and median seconds of one configuration, or why there is none.
 type Timing = Result<(f64, f64), String>;
 
 /// One rank of either world (`fmx-perf redistribute-rank N_GLOBAL M REPS`, under fmxrun).
-pub fn rank_main(args: &[String]) -> Result<(), String> {
+pub fn rank_main(a: &RankArgs) -> Result<(), String> {
+    let args = &a.args;
     let num = |i: usize| args.get(i).and_then(|v| v.parse::<u64>().ok()).ok_or("usage: redistribute-rank N_GLOBAL M REPS");
     let (n, m, reps) = (num(0)?, u32::try_from(num(1)?).map_err(|e| e.to_string())?, num(2)? as usize);
     let fmx = fmx::init().map_err(|e| e.to_string())?;
@@ -96,11 +98,11 @@ fn fmx_run(exe: &Path, old: u32, new: u32, n: u64, reps: usize) -> Timing {
 /// second value is the spawn's error, if it failed.
 fn mpich(old: u32, new: u32, n: u64, reps: usize) -> (Timing, Option<String>) {
     let run = |np: u32, extra: &[&str]| -> Timing {
-        let bin = crate::peers::build("mpicc.mpich", "redistribute_peer", &[])?;
+        let bin = Mpi::Mpich.build("redistribute_peer", &[])?;
         let text = output(
-            Command::new("mpiexec.hydra")
-                .env("UCX_NET_DEVICES", "lo")
-                .args(["-iface", "lo", "-n", &np.to_string(), "-bind-to", "core"])
+            Mpi::Mpich
+                .launcher()?
+                .args(["-n", &np.to_string(), "-bind-to", "core"])
                 .arg(bin)
                 .args([n.to_string(), new.to_string(), reps.to_string()])
                 .args(extra),
@@ -115,45 +117,53 @@ fn mpich(old: u32, new: u32, n: u64, reps: usize) -> (Timing, Option<String>) {
 
 /// Open MPI: the guide's code with `MPI_Comm_spawn`.
 fn open_mpi(old: u32, new: u32, n: u64, reps: usize) -> Timing {
-    let bin = crate::peers::build("mpicc.openmpi", "redistribute_peer", &[])?;
+    let bin = Mpi::OpenMpi.build("redistribute_peer", &[])?;
     let text = output(
-        Command::new("mpirun.openmpi")
-            .args(["--allow-run-as-root", "--oversubscribe", "-n", &old.to_string(), "--bind-to", "core:overload-allowed"])
+        Mpi::OpenMpi
+            .launcher()?
+            .args(["--oversubscribe", "-n", &old.to_string(), "--bind-to", "core:overload-allowed"])
             // vader cannot reach a spawned job: tcp (on loopback) carries what it cannot.
             .args(["--mca", "pml", "ob1", "--mca", "btl", "self,vader,tcp"])
-            .args(["--mca", "oob_tcp_if_include", "lo", "--mca", "btl_tcp_if_include", "lo"])
             .arg(bin)
             .args([n.to_string(), new.to_string(), reps.to_string()]),
     )?;
     seconds(&text)
 }
 
+/// Options of `fmx-perf redistribute`.
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// Doubles in the global array
+    #[arg(long = "n", value_name = "DOUBLES", default_value_t = 80_000_000, value_parser = clap::value_parser!(u64).range(1..))]
+    n: u64,
+    /// Rounds per pair (the best and the median are shown)
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..))]
+    reps: u64,
+    /// OLD:NEW rank counts, comma-separated
+    #[arg(long, value_name = "LIST", value_delimiter = ',', default_value = "2:4,4:2", value_parser = pair)]
+    pairs: Vec<(u32, u32)>,
+    /// Replace the table between <!-- redistribute-table:begin --> and <!-- redistribute-table:end --> in FILE
+    #[arg(long, value_name = "FILE")]
+    update_readme: Option<std::path::PathBuf>,
+}
+
+/// The hidden rank subcommand's arguments, passed through as its parent wrote them.
+#[derive(clap::Args, Debug)]
+pub struct RankArgs {
+    #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+    args: Vec<String>,
+}
+
+/// `OLD:NEW`, both at least 1.
+fn pair(p: &str) -> Result<(u32, u32), String> {
+    let (a, b) = p.split_once(':').ok_or(format!("{p:?} is not OLD:NEW"))?;
+    let num = |s: &str| s.parse::<u32>().ok().filter(|&x| x >= 1).ok_or(format!("{s:?} is not a rank count of at least 1"));
+    Ok((num(a)?, num(b)?))
+}
+
 /// Entry point of `fmx-perf redistribute`.
-pub fn main(args: &[String]) -> Result<(), String> {
-    let mut n: u64 = 80_000_000;
-    let mut pairs = vec![(2u32, 4u32), (4, 2)];
-    let mut reps = 3usize;
-    let mut readme = None;
-    let mut it = args.iter();
-    while let Some(a) = it.next() {
-        match a.as_str() {
-            "--n" => n = it.next().and_then(|v| v.parse().ok()).ok_or("--n needs a number of doubles")?,
-            "--reps" => reps = it.next().and_then(|v| v.parse().ok()).filter(|&r| r >= 1).ok_or("--reps needs a number >= 1")?,
-            "--pairs" => {
-                let v = it.next().ok_or("--pairs needs a list like 2:4,4:2")?;
-                pairs = v
-                    .split(',')
-                    .map(|p| {
-                        let (a, b) = p.split_once(':').ok_or(format!("--pairs: {p:?} is not OLD:NEW"))?;
-                        let num = |s: &str| s.parse::<u32>().ok().filter(|&x| x >= 1).ok_or(format!("--pairs: bad size {s:?}"));
-                        Ok((num(a)?, num(b)?))
-                    })
-                    .collect::<Result<_, String>>()?;
-            }
-            "--update-readme" => readme = Some(it.next().ok_or("--update-readme needs a file")?.clone()),
-            other => return Err(format!("unknown option {other}")),
-        }
-    }
+pub fn main(a: &Args) -> Result<(), String> {
+    let (n, pairs, reps, readme) = (a.n, a.pairs.clone(), a.reps as usize, a.update_readme.clone());
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
     let gb = n as f64 * 8.0 / 1e9;
     let mut text = format!(

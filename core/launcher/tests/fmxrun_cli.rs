@@ -38,7 +38,7 @@ fn times_out_with_124() {
 fn bad_arguments_are_named() {
     let out = fmxrun().args(["-n", "x", "true"]).output().unwrap();
     assert_eq!(out.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("-n: \"x\" is not a number"));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("'-n <N>': \"x\" is not a number"));
     let out = fmxrun().args(["-n", "2", "--transport", "carrier-pigeon", "true"]).output().unwrap();
     assert!(String::from_utf8_lossy(&out.stderr).contains("unknown transport \"carrier-pigeon\""));
     let out = fmxrun().args(["-n", "2", "/nonexistent/program"]).output().unwrap();
@@ -57,6 +57,31 @@ fn a_lone_process_is_a_world_of_one() {
     let out = Command::new(&exe).env_remove("FMX_RENDEZVOUS").output().unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "hello from rank 0 of 1 over loopback; sum of ranks = 0");
+}
+
+/// Help and version go to stdout with exit code 0; a bad command line is
+/// exit code 2 with the problem named (clap's conventions).
+#[test]
+fn help_version_and_bad_options_follow_the_conventions() {
+    for flag in ["--help", "-h", "--version"] {
+        let out = fmxrun().arg(flag).output().unwrap();
+        assert_eq!(out.status.code(), Some(0), "{flag}");
+        assert!(String::from_utf8_lossy(&out.stdout).contains("fmxrun"), "{flag}: {}", String::from_utf8_lossy(&out.stdout));
+    }
+    for (args, says) in [
+        (&["-n", "2", "--bogus", "true"][..], "'--bogus'"),
+        (&["--label", "true"], "-n <N>"),
+        (&["-n", "2"], "PROGRAM"),
+    ] {
+        let out = fmxrun().args(args).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains(says), "{args:?} should say {says:?}: {err}");
+    }
+    // mpiexec's -np, and the program's own options pass through untouched.
+    let out = fmxrun().args(["-np", "2", "echo", "-n", "--help"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    assert_eq!(String::from_utf8_lossy(&out.stdout).matches("--help").count(), 2, "{}", String::from_utf8_lossy(&out.stdout));
 }
 
 /// Issue 15 item 6: out-of-range numbers are errors naming them, not panics.

@@ -1,83 +1,84 @@
-//! `fmxrun -n N [--transport NAME] [--bind ADDR] [-l|--label] [--kill-grace SECS] [--timeout SECS] [--keep-going] PROGRAM ARGS...`
-//!
-//! Starts N ranks of PROGRAM on this host; see `fmx_launcher`.
+//! `fmxrun -n N [OPTIONS] PROGRAM [ARGS...]`: starts N ranks of PROGRAM on
+//! this host; see `fmxrun --help` and `fmx_launcher`.
 
 use std::ffi::OsString;
+use std::net::IpAddr;
 use std::time::Duration;
 
-const USAGE: &str =
-    "usage: fmxrun -n N [--transport auto|shm|verbs|ofi] [--bind ADDR] [-l|--label] [--kill-grace SECS] [--timeout SECS] [--keep-going] PROGRAM [ARGS...]";
+use clap::Parser;
 
-fn parse(mut args: impl Iterator<Item = OsString>) -> Result<fmx_launcher::Launch, String> {
-    let mut np = None;
-    let mut transport = None;
-    let mut label = false;
-    let mut grace = Duration::from_secs(2);
-    let mut timeout = None;
-    let mut bind = None;
-    let mut keep_going = false;
-    let secs = |v: Option<OsString>, what: &str| -> Result<Duration, String> {
-        let v = v.ok_or_else(|| format!("{what} needs a value"))?;
-        let s = v.to_string_lossy();
-        let max = fmx_launcher::MAX_SECONDS;
-        s.parse::<f64>()
-            .ok()
-            .filter(|x| x.is_finite() && *x >= 0.0 && *x <= max)
-            .map(Duration::from_secs_f64)
-            .ok_or_else(|| format!("{what}: {s:?} is not a number of seconds from 0 to {max}"))
-    };
-    while let Some(a) = args.next() {
-        match a.to_str() {
-            Some("-n" | "-np") => {
-                let v = args.next().ok_or("-n needs a number")?;
-                let max = fmx_launcher::MAX_RANKS;
-                let n = v
-                    .to_string_lossy()
-                    .parse::<u32>()
-                    .ok()
-                    .filter(|n| (1..=max).contains(n))
-                    .ok_or_else(|| format!("-n: {v:?} is not a number of ranks from 1 to {max}"))?;
-                np = Some(n);
-            }
-            Some("--transport") => transport = Some(args.next().ok_or("--transport needs a name")?.to_string_lossy().into_owned()),
-            Some("--bind") => {
-                let v = args.next().ok_or("--bind needs an address")?;
-                bind = Some(v.to_string_lossy().parse().map_err(|_| format!("--bind: {v:?} is not an IP address"))?);
-            }
-            Some("-l" | "--label") => label = true,
-            Some("--keep-going") => keep_going = true,
-            Some("--kill-grace") => grace = secs(args.next(), "--kill-grace")?,
-            Some("--timeout") => timeout = Some(secs(args.next(), "--timeout")?),
-            Some("-h" | "--help") => return Err(USAGE.into()),
-            Some(s) if s.starts_with('-') => return Err(format!("unknown option {s}\n{USAGE}")),
-            _ => {
-                let np = np.ok_or_else(|| format!("-n N is required\n{USAGE}"))?;
-                let mut l = fmx_launcher::Launch::new(np, a);
-                l.args = args.collect();
-                l.transport = transport;
-                l.label = label;
-                l.kill_grace = grace;
-                l.timeout = timeout;
-                l.keep_going = keep_going;
-                if let Some(b) = bind {
-                    l.bind = b;
-                }
-                return Ok(l);
-            }
-        }
-    }
-    Err(format!("no program given\n{USAGE}"))
+/// fmxrun's command line.
+#[derive(Parser, Debug)]
+#[command(
+    name = "fmxrun",
+    version,
+    about = "Starts N ranks of an fmx program on this host and waits for them",
+    after_help = "Options go before PROGRAM; everything after it is the program's. The exit code is the first \
+        failing rank's (or 128 + its signal); 2 is a bad command line."
+)]
+struct Cli {
+    /// Ranks to start (-np is read as -n, as mpiexec users write it)
+    #[arg(short = 'n', value_name = "N", value_parser = ranks)]
+    np: u32,
+    /// The transport the ranks use: auto, shm, verbs, ofi, shm+verbs or shm+ofi
+    #[arg(long, value_name = "NAME")]
+    transport: Option<String>,
+    /// The address fmxrun's bootstrap server listens on (default 127.0.0.1)
+    #[arg(long, value_name = "ADDR")]
+    bind: Option<IpAddr>,
+    /// Prefix every output line with the rank that printed it
+    #[arg(short = 'l', long)]
+    label: bool,
+    /// Seconds the other ranks get to exit after one fails, before they are killed
+    #[arg(long, value_name = "SECS", default_value = "2", value_parser = seconds, allow_negative_numbers = true)]
+    kill_grace: Duration,
+    /// Kill the job after SECS
+    #[arg(long, value_name = "SECS", value_parser = seconds, allow_negative_numbers = true)]
+    timeout: Option<Duration>,
+    /// Keep the other ranks running when one fails (for programs that handle failures)
+    #[arg(long)]
+    keep_going: bool,
+    /// The program and its arguments
+    #[arg(value_name = "PROGRAM [ARGS]", required = true, num_args = 1.., trailing_var_arg = true, allow_hyphen_values = true)]
+    command: Vec<OsString>,
+}
+
+fn ranks(v: &str) -> Result<u32, String> {
+    let max = fmx_launcher::MAX_RANKS;
+    v.parse::<u32>().ok().filter(|n| (1..=max).contains(n)).ok_or_else(|| format!("{v:?} is not a number of ranks from 1 to {max}"))
+}
+
+fn seconds(v: &str) -> Result<Duration, String> {
+    let max = fmx_launcher::MAX_SECONDS;
+    v.parse::<f64>()
+        .ok()
+        .filter(|x| x.is_finite() && *x >= 0.0 && *x <= max)
+        .map(Duration::from_secs_f64)
+        .ok_or_else(|| format!("{v:?} is not a number of seconds from 0 to {max}"))
 }
 
 fn main() {
-    let launch = match parse(std::env::args_os().skip(1)) {
-        Ok(l) => l,
-        Err(e) => {
-            eprintln!("fmxrun: {e}");
-            std::process::exit(2);
-        }
-    };
-    match launch.run() {
+    // mpiexec's `-np N` is `-n N` here.
+    let args = std::env::args_os().map(|a| if a == "-np" { OsString::from("-n") } else { a });
+    let cli = Cli::parse_from(args);
+    let (program, args) = cli.command.split_first().expect("clap requires PROGRAM");
+    if program.to_string_lossy().starts_with('-') {
+        // With hyphen values allowed for the program's own arguments, an
+        // unknown fmxrun option lands here: say so, as clap would.
+        eprintln!("error: unexpected argument '{}' found (fmxrun's options go before PROGRAM)\n\nFor more information, try '--help'.", program.to_string_lossy());
+        std::process::exit(2);
+    }
+    let mut l = fmx_launcher::Launch::new(cli.np, program);
+    l.args = args.to_vec();
+    l.transport = cli.transport;
+    l.label = cli.label;
+    l.kill_grace = cli.kill_grace;
+    l.timeout = cli.timeout;
+    l.keep_going = cli.keep_going;
+    if let Some(b) = cli.bind {
+        l.bind = b;
+    }
+    match l.run() {
         Ok(o) => std::process::exit(o.code),
         Err(e) => {
             eprintln!("fmxrun: {e}");
