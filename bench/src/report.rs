@@ -65,7 +65,7 @@ fn columns(p: &Params) -> String {
     match p.format {
         Format::Full => {
             let short = if p.test == Test::Latency { format!("Latency({u})") } else { format!("Bandwidth({u})") };
-            format!("{:<10}{:>18}{:>18}{:>18}{:>12}\n", "# Size", format!("Avg {short}"), format!("Min {short}"), format!("Max {short}"), "Iterations")
+            format!("{:<10}{:>20}{:>20}{:>20}{:>12}\n", "# Size", format!("Avg {short}"), format!("Min {short}"), format!("Max {short}"), "Iterations")
         }
         Format::Stats if p.test == Test::Latency => format!(
             "{:>7} {:>11} {:>14} {:>14} {:>16} {:>14} {:>16} {:>22} {:>24}\n",
@@ -100,7 +100,7 @@ pub fn line(p: &Params, r: &Row) -> String {
     let v = scaled(p, r.value);
     match (p.format, &r.stats) {
         (Format::Full, Some(s)) => {
-            format!("{:<10}{v:>18.2}{:>18.2}{:>18.2}{:>12}\n", r.size, scaled(p, s.min), scaled(p, s.max), r.iterations)
+            format!("{:<10}{v:>20.2}{:>20.2}{:>20.2}{:>12}\n", r.size, scaled(p, s.min), scaled(p, s.max), r.iterations)
         }
         (Format::Stats, Some(s)) if p.test == Test::Latency => format!(
             "{:>7} {:>11} {:>14.2} {:>14.2} {:>16.2} {:>14.2} {:>16.2} {:>22.2} {:>24.2}\n",
