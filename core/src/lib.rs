@@ -186,8 +186,7 @@ fn init_inner() -> Result<Fmx> {
     bootstrap::watch_launcher()?;
     let boot = bootstrap::Bootstrap::from_env()?;
     // Ranks sharing this host: fmxrun says; PMI launchers place ranks on nodes.
-    let local_ranks = std::env::var("FMX_LOCAL_SIZE")
-        .ok()
+    let local_ranks = fmx_transport::settings::var("FMX_LOCAL_SIZE")
         .and_then(|v| v.parse::<usize>().ok())
         .unwrap_or_else(|| Locality::from_nodes(&boot.nodes(), boot.rank()).local_size as usize);
     let world = open_world(boot, local_ranks)?;

@@ -18,9 +18,9 @@ use crate::Fmx;
 const BRIDGE_CTX: u32 = 2;
 
 fn env_u32(name: &str) -> Result<Option<u32>> {
-    match std::env::var(name) {
-        Err(_) => Ok(None),
-        Ok(v) => v.parse().map(Some).map_err(|_| Error::Bootstrap(format!("{name}={v:?} is not a number"))),
+    match fmx_transport::settings::var(name) {
+        None => Ok(None),
+        Some(v) => v.parse().map(Some).map_err(|_| Error::Bootstrap(format!("{name}={v:?} is not a number"))),
     }
 }
 
@@ -60,14 +60,14 @@ impl Fmx {
     /// `None` in a world fmxrun started directly or in checkpoint-restart mode.
     pub fn parent(&self) -> Result<Option<Intercomm>> {
         self.world.sh.check_live("parent")?;
-        let Ok(addr) = std::env::var("FMX_BRIDGE_RENDEZVOUS") else { return Ok(None) };
+        let Some(addr) = fmx_transport::settings::var("FMX_BRIDGE_RENDEZVOUS") else { return Ok(None) };
         if self.parent_taken.replace(true) {
             return Err(Error::Intercomm {
                 op: "parent",
                 detail: "the intercommunicator to the parent world was already taken (and may be freed)".into(),
             });
         }
-        let job = std::env::var("FMX_BRIDGE_JOB").map_err(|_| Error::Bootstrap("FMX_BRIDGE_JOB is not set (fmxrun sets it)".into()))?;
+        let job = fmx_transport::settings::var("FMX_BRIDGE_JOB").ok_or_else(|| Error::Bootstrap("FMX_BRIDGE_JOB is not set (fmxrun sets it)".into()))?;
         let n = env_u32("FMX_PARENT_SIZE")?.ok_or_else(|| Error::Bootstrap("FMX_PARENT_SIZE is not set (fmxrun sets it)".into()))?;
         let m = self.world.size();
         connect_bridge(&addr, job, n + self.world.rank(), n, m, false).map(Some)
@@ -86,7 +86,7 @@ impl Fmx {
 
     /// The values the spawning world passed to [`Fmx::spawn_world`] (empty if none).
     pub fn spawn_values(&self) -> String {
-        std::env::var("FMX_SPAWN_VALUES").unwrap_or_default()
+        fmx_transport::settings::var("FMX_SPAWN_VALUES").unwrap_or_default()
     }
 }
 

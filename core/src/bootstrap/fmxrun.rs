@@ -38,13 +38,13 @@ pub(crate) struct Link {
 
 /// A number of the environment, range-checked, with errors naming it.
 fn env_u32(name: &str) -> Result<u32> {
-    let v = std::env::var(name).map_err(|_| Error::Bootstrap(format!("{name} is not set (fmxrun sets it)")))?;
+    let v = fmx_transport::settings::var(name).ok_or_else(|| Error::Bootstrap(format!("{name} is not set (fmxrun sets it)")))?;
     v.trim().parse().map_err(|_| Error::Bootstrap(format!("{name}={v:?} is not a number from 0 to {}", u32::MAX)))
 }
 
 /// `FMX_BOOT_TIMEOUT` in seconds (default 120).
 pub(crate) fn boot_timeout() -> Result<Duration> {
-    let Ok(v) = std::env::var(ENV_BOOT_TIMEOUT) else { return Ok(DEFAULT_BOOT_TIMEOUT) };
+    let Some(v) = fmx_transport::settings::var(ENV_BOOT_TIMEOUT) else { return Ok(DEFAULT_BOOT_TIMEOUT) };
     v.trim().parse::<f64>().ok().filter(|s| *s > 0.0 && *s <= MAX_BOOT_TIMEOUT).map(Duration::from_secs_f64).ok_or_else(|| {
         Error::Bootstrap(format!("{ENV_BOOT_TIMEOUT}={v:?} is not a number of seconds above 0 and at most {MAX_BOOT_TIMEOUT}"))
     })
@@ -52,13 +52,13 @@ pub(crate) fn boot_timeout() -> Result<Duration> {
 
 impl Client {
     pub(crate) fn connect_from_env() -> Result<Self> {
-        let addr = std::env::var(ENV_RENDEZVOUS).unwrap_or_default();
+        let addr = fmx_transport::settings::var(ENV_RENDEZVOUS).unwrap_or_default();
         let rank = env_u32("FMX_RANK")?;
         let size = env_u32("FMX_SIZE")?;
         if size == 0 || rank >= size {
             return Err(Error::Bootstrap(format!("FMX_RANK={rank} is not below FMX_SIZE={size}")));
         }
-        let job = std::env::var("FMX_JOB").map_err(|_| Error::Bootstrap("FMX_JOB is not set (fmxrun sets it)".into()))?;
+        let job = fmx_transport::settings::var("FMX_JOB").ok_or_else(|| Error::Bootstrap("FMX_JOB is not set (fmxrun sets it)".into()))?;
         Self::connect(&addr, rank, size, job)
     }
 

@@ -41,7 +41,7 @@ pub(crate) enum Bootstrap {
 impl Bootstrap {
     /// Picks the backend from the environment.
     pub(crate) fn from_env() -> Result<Self> {
-        if std::env::var_os(ENV_RENDEZVOUS).is_some() {
+        if fmx_transport::settings::is_set(ENV_RENDEZVOUS) {
             Ok(Self::Fmxrun(fmxrun::Client::connect_from_env()?))
         } else if std::env::var_os("PMI_FD").is_some() {
             Ok(Self::Pmi(pmi::Client::connect_from_env()?))
@@ -87,7 +87,7 @@ impl Bootstrap {
 
     /// Transport asked for by the launcher, if any.
     pub(crate) fn transport_hint(&self) -> Option<String> {
-        std::env::var("FMX_TRANSPORT").ok().filter(|s| !s.is_empty())
+        fmx_transport::settings::var("FMX_TRANSPORT")
     }
 
     /// Everyone's blob, in rank order.
@@ -217,7 +217,7 @@ impl Bootstrap {
 
 /// In a rank: die with the launcher (no orphans), and refuse to start if it is already gone.
 pub(crate) fn watch_launcher() -> Result<()> {
-    let Ok(pid) = std::env::var(ENV_LAUNCHER_PID) else {
+    let Some(pid) = fmx_transport::settings::var(ENV_LAUNCHER_PID) else {
         return Ok(());
     };
     let Ok(pid) = pid.parse::<i32>() else {

@@ -21,10 +21,10 @@ pub const ENV_CHECK: &str = "FMX_CHECK";
 
 /// Whether `FMX_CHECK` asks for the checking mode (an unknown value is an error).
 pub(crate) fn enabled_from_env() -> Result<bool> {
-    match std::env::var(ENV_CHECK).as_deref() {
-        Err(_) | Ok("" | "off" | "none") => Ok(false),
-        Ok("collectives") => Ok(true),
-        Ok(v) => Err(Error::InvalidCount { what: ENV_CHECK, detail: format!("{v:?} is not a checking mode (known: collectives, off)") }),
+    match fmx_transport::settings::var(ENV_CHECK).as_deref() {
+        None | Some("off" | "none") => Ok(false),
+        Some("collectives") => Ok(true),
+        Some(v) => Err(Error::InvalidCount { what: ENV_CHECK, detail: format!("{v:?} is not a checking mode (known: collectives, off)") }),
     }
 }
 

@@ -126,10 +126,10 @@ impl Mode {
     /// From `FMX_MALLEABLE_MODE` (`intercomm`, the default, or `checkpoint`
     /// with the directory in `FMX_CHECKPOINT_DIR`).
     pub fn from_env() -> Result<Self> {
-        match std::env::var("FMX_MALLEABLE_MODE").unwrap_or_default().as_str() {
+        match fmx_transport::settings::var("FMX_MALLEABLE_MODE").unwrap_or_default().as_str() {
             "" | "intercomm" => Ok(Self::Intercomm),
-            "checkpoint" => match std::env::var_os("FMX_CHECKPOINT_DIR") {
-                Some(d) if !d.is_empty() => Ok(Self::CheckpointRestart { dir: d.into() }),
+            "checkpoint" => match fmx_transport::settings::var("FMX_CHECKPOINT_DIR") {
+                Some(d) => Ok(Self::CheckpointRestart { dir: d.into() }),
                 _ => Err(Error::Reconfig("FMX_MALLEABLE_MODE=checkpoint needs FMX_CHECKPOINT_DIR".into())),
             },
             other => Err(Error::Reconfig(format!("FMX_MALLEABLE_MODE={other:?}: expected intercomm or checkpoint"))),

@@ -77,18 +77,18 @@ pub struct OfiConfig {
 }
 
 impl OfiConfig {
-    /// Defaults, overridden by `FMX_OFI_PROVIDER`, `FMX_OFI_DOMAIN`, `FMX_OFI_PIECE`, `FMX_OFI_RMA`,
+    /// Defaults, overridden by `FMX_OFI_PROVIDER`, `FMX_OFI_DOMAIN`, `FMX_OFI_PIECE_BYTES`, `FMX_OFI_RMA`,
     /// `FMX_OFI_CTRL_SLOTS`, and the eager pool's variables ([`EagerConfig::from_env`]).
     pub fn from_env(rank: u32, size: u32) -> Result<Self, TransportError> {
         Ok(Self {
             eager: EagerConfig::from_env(rank, size)?,
-            provider: std::env::var("FMX_OFI_PROVIDER").ok().filter(|p| !p.is_empty()),
+            provider: fmx_transport::settings::var("FMX_OFI_PROVIDER"),
             // A comma-separated list is taken by rank (rank r uses entry r mod len).
-            domain: std::env::var("FMX_OFI_DOMAIN").ok().and_then(|d| {
+            domain: fmx_transport::settings::var("FMX_OFI_DOMAIN").and_then(|d| {
                 let names: Vec<&str> = d.split(',').map(str::trim).filter(|n| !n.is_empty()).collect();
                 (!names.is_empty()).then(|| names[rank as usize % names.len()].to_owned())
             }),
-            piece: env_number("FMX_OFI_PIECE")?.unwrap_or(DEFAULT_PIECE).max(4096),
+            piece: env_number("FMX_OFI_PIECE_BYTES")?.unwrap_or(DEFAULT_PIECE).max(4096),
             rma: env_number("FMX_OFI_RMA")?.is_none_or(|n| n != 0),
             ctrl_slots: env_positive("FMX_OFI_CTRL_SLOTS")?,
             peer_timeout: Duration::from_secs(env_positive("FMX_OFI_PEER_TIMEOUT")?.map_or(DEFAULT_PEER_TIMEOUT_SECS, |n| n as u64)),
@@ -217,7 +217,7 @@ impl OfiSetup {
                 source: std::io::Error::from(std::io::ErrorKind::InvalidInput),
             });
         }
-        if std::env::var_os("FMX_OFI_DEBUG").is_some() {
+        if fmx_transport::settings::is_set("FMX_OFI_DEBUG") {
             let (fabric, domain) = info.fabric_and_domain();
             eprintln!(
                 "fmx-ofi rank {}: provider {provider}, fabric {fabric}, domain {domain}, rma {rma}, mr_mode {:?}",
@@ -289,7 +289,7 @@ impl OfiSetup {
             ops: Operations::default(),
             exposed: HashMap::new(),
             registry: Registry::default(),
-            debug: std::env::var_os("FMX_OFI_DEBUG").is_some(),
+            debug: fmx_transport::settings::is_set("FMX_OFI_DEBUG"),
             peer_timeout: cfg.peer_timeout,
             recv_slots,
             ctrl_slots,

@@ -14,7 +14,7 @@
 //!   `fi_write` of cumulative totals into the peer's mailbox. Messages up to
 //!   the provider's inject size go with `fi_tinject` (no completion).
 //! - **Rendezvous**: `fi_read`/`fi_write` straight between user buffers, in
-//!   pieces of `FMX_OFI_PIECE` bytes. Registration follows ownership: the
+//!   pieces of `FMX_OFI_PIECE_BYTES` bytes. Registration follows ownership: the
 //!   core's registered buffers are registered once; plain slices are
 //!   registered per operation only where the provider needs local
 //!   descriptors (`FI_MR_LOCAL`).
@@ -37,7 +37,7 @@
 //! `FMX_OFI_DOMAIN` (a comma-separated list is taken by rank), else the
 //! provider's first.
 //! Every rank must end up with the same provider (checked at connect).
-//! Settings: `FMX_OFI_PIECE`, `FMX_OFI_RMA`, `FMX_OFI_PEER_TIMEOUT`, `FMX_OFI_DEBUG`, and the shared
+//! Settings: `FMX_OFI_PIECE_BYTES`, `FMX_OFI_RMA`, `FMX_OFI_PEER_TIMEOUT`, `FMX_OFI_DEBUG`, and the shared
 //! `FMX_POOL_SLOTS`, `FMX_SLOT_BYTES`, `FMX_NEWCOMER_CREDITS`, `FMX_CREDIT_THRESHOLD`.
 
 mod address;

@@ -15,7 +15,7 @@ pub const DEFAULT_DIR: &str = "/dev/shm";
 
 /// The directory for segment files.
 pub fn shm_dir() -> PathBuf {
-    std::env::var_os("FMX_SHM_DIR").map_or_else(|| PathBuf::from(DEFAULT_DIR), PathBuf::from)
+    fmx_transport::settings::var("FMX_SHM_DIR").map_or_else(|| PathBuf::from(DEFAULT_DIR), PathBuf::from)
 }
 
 /// The file name prefix of every segment of `job`.

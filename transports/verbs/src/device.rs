@@ -54,9 +54,9 @@ fn io_err(e: std::io::Error) -> TransportError {
 }
 
 fn env_num<T: std::str::FromStr>(var: &str) -> Result<Option<T>, TransportError> {
-    match std::env::var(var) {
-        Err(_) => Ok(None),
-        Ok(v) => v.trim().parse().map(Some).map_err(|_| TransportError::Setup {
+    match fmx_transport::settings::var(var) {
+        None => Ok(None),
+        Some(v) => v.trim().parse().map(Some).map_err(|_| TransportError::Setup {
             what: format!("{var}={v:?} is not a number"),
             source: std::io::Error::from(std::io::ErrorKind::InvalidInput),
         }),
@@ -66,7 +66,7 @@ fn env_num<T: std::str::FromStr>(var: &str) -> Result<Option<T>, TransportError>
 /// The device named for `rank` by `FMX_VERBS_DEVICE` (a comma-separated list:
 /// rank r takes entry r mod length, so ranks can alternate between devices).
 pub fn device_for_rank(rank: u32) -> Option<String> {
-    let v = std::env::var("FMX_VERBS_DEVICE").ok()?;
+    let v = fmx_transport::settings::var("FMX_VERBS_DEVICE")?;
     let list: Vec<&str> = v.split(',').map(str::trim).filter(|s| !s.is_empty()).collect();
     (!list.is_empty()).then(|| list[rank as usize % list.len()].to_owned())
 }

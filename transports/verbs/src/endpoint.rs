@@ -66,16 +66,16 @@ pub struct VerbsConfig {
 
 impl VerbsConfig {
     /// Defaults, overridden by the eager pool's variables ([`EagerConfig::from_env`]),
-    /// `FMX_VERBS_SRQ` (0: off), `FMX_VERBS_INLINE`, `FMX_VERBS_BOUNCE_MAX`,
-    /// `FMX_VERBS_TIMEOUT` and `FMX_VERBS_RETRY`.
+    /// `FMX_VERBS_SRQ` (0: off), `FMX_VERBS_INLINE_BYTES`, `FMX_VERBS_BOUNCE_BYTES`,
+    /// `FMX_VERBS_ACK_TIMEOUT_EXP` and `FMX_VERBS_RETRY_COUNT`.
     pub fn from_env(rank: u32, size: u32) -> Result<Self, TransportError> {
         Ok(Self {
             eager: EagerConfig::from_env(rank, size)?,
             srq: env_num("FMX_VERBS_SRQ")?.is_none_or(|n| n != 0),
-            inline: env_num("FMX_VERBS_INLINE")?.map_or(INLINE_BUF as u32, |n| n as u32),
-            bounce_max: env_num("FMX_VERBS_BOUNCE_MAX")?.unwrap_or(DEFAULT_BOUNCE_MAX),
-            timeout: env_num("FMX_VERBS_TIMEOUT")?.map_or(14, |n| n.min(31) as u8),
-            retry_cnt: env_num("FMX_VERBS_RETRY")?.map_or(DEFAULT_RETRY_CNT, |n| n.min(7) as u8),
+            inline: env_num("FMX_VERBS_INLINE_BYTES")?.map_or(INLINE_BUF as u32, |n| n as u32),
+            bounce_max: env_num("FMX_VERBS_BOUNCE_BYTES")?.unwrap_or(DEFAULT_BOUNCE_MAX),
+            timeout: env_num("FMX_VERBS_ACK_TIMEOUT_EXP")?.map_or(14, |n| n.min(31) as u8),
+            retry_cnt: env_num("FMX_VERBS_RETRY_COUNT")?.map_or(DEFAULT_RETRY_CNT, |n| n.min(7) as u8),
         })
     }
 }
@@ -364,7 +364,7 @@ impl VerbsSetup {
             ops: Operations::default(),
             exposed: HashMap::new(),
             registry: Registry::default(),
-            debug: std::env::var_os("FMX_VERBS_DEBUG").is_some(),
+            debug: fmx_transport::settings::is_set("FMX_VERBS_DEBUG"),
             send_pool,
             bounce,
             recv_mr: self.recv_mr,

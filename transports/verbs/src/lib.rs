@@ -13,7 +13,7 @@
 //! - **Rendezvous**: RDMA READ (or WRITE) straight between user buffers.
 //!   Registration follows ownership, not interception: the core's registered
 //!   buffers stay registered for their lifetime; plain slices are copied
-//!   through pre-registered bounce buffers up to `FMX_VERBS_BOUNCE_MAX`
+//!   through pre-registered bounce buffers up to `FMX_VERBS_BOUNCE_BYTES`
 //!   (64 KiB) and registered per operation above it.
 //! - **Failures**: a failed completion (retry exceeded, remote access error,
 //!   RNR) marks the peer dead with the device's reason; peers on this host are
@@ -21,8 +21,8 @@
 //!
 //! Settings: `FMX_VERBS_DEVICE` (a name, or a comma-separated list taken by
 //! rank), `FMX_VERBS_PORT`, `FMX_VERBS_GID_INDEX`, `FMX_VERBS_SRQ=0`,
-//! `FMX_VERBS_INLINE`, `FMX_VERBS_BOUNCE_MAX`, `FMX_VERBS_TIMEOUT`,
-//! `FMX_VERBS_RETRY`, and the shared `FMX_POOL_SLOTS`, `FMX_SLOT_BYTES`,
+//! `FMX_VERBS_INLINE_BYTES`, `FMX_VERBS_BOUNCE_BYTES`, `FMX_VERBS_ACK_TIMEOUT_EXP`,
+//! `FMX_VERBS_RETRY_COUNT`, and the shared `FMX_POOL_SLOTS`, `FMX_SLOT_BYTES`,
 //! `FMX_NEWCOMER_CREDITS`, `FMX_CREDIT_THRESHOLD`.
 
 mod address;

@@ -205,7 +205,7 @@ pub fn run() -> Result<(String, Vec<Row>), String> {
         let copy = median_us(|| dst.copy_from_slice(std::hint::black_box(&src)));
         let _ = write!(cost, "{} KiB: register+deregister {reg:.1} us, copy {copy:.1} us; ", len >> 10);
     }
-    row("Registration vs copy", cost.trim_end_matches("; ").to_owned(), "bounce below FMX_VERBS_BOUNCE_MAX (64 KiB), register above");
+    row("Registration vs copy", cost.trim_end_matches("; ").to_owned(), "bounce below FMX_VERBS_BOUNCE_BYTES (64 KiB), register above");
     drop((qa, qb));
     drop(mr);
     let title = format!(

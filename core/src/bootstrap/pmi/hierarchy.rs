@@ -21,7 +21,7 @@ pub const ENV_HIERARCHY: &str = "FMX_PMI_HIERARCHY";
 
 /// Whether to exchange by node, from `FMX_PMI_HIERARCHY` and the job's shape.
 pub(crate) fn wanted(nodes: &[u32]) -> Result<bool> {
-    match std::env::var(ENV_HIERARCHY).ok().as_deref().map(str::trim) {
+    match fmx_transport::settings::var(ENV_HIERARCHY).as_deref().map(str::trim) {
         None | Some("" | "auto") => {
             let busiest = nodes.iter().map(|n| nodes.iter().filter(|m| *m == n).count()).max().unwrap_or(0);
             Ok(nodes.len() >= 64 && busiest >= 4)

@@ -104,16 +104,18 @@ pub(crate) type Watch = Box<dyn FnMut() -> Option<Error>>;
 /// How often a patient wait asks its watch.
 const WATCH_EVERY: Duration = Duration::from_secs(1);
 
+/// A number of the environment: fmx's own through the settings registry, the PMI's as they are.
 fn env_u32(name: &str) -> Result<Option<u32>> {
-    match std::env::var(name) {
-        Err(_) => Ok(None),
-        Ok(v) => v.trim().parse().map(Some).map_err(|_| Error::Bootstrap(format!("{name}={v:?} is not a number"))),
+    let v = if name.starts_with("FMX_") { fmx_transport::settings::var(name) } else { std::env::var(name).ok() };
+    match v {
+        None => Ok(None),
+        Some(v) => v.trim().parse().map(Some).map_err(|_| Error::Bootstrap(format!("{name}={v:?} is not a number"))),
     }
 }
 
 /// The version to speak, from `FMX_PMI` or the launcher's variables.
 fn version_from_env() -> Result<Version> {
-    match std::env::var(ENV_PMI).ok().as_deref().map(str::trim) {
+    match fmx_transport::settings::var(ENV_PMI).as_deref().map(str::trim) {
         Some("1") => Ok(Version::V1),
         Some("2") => Ok(Version::V2),
         Some("" | "auto") | None => {
