@@ -80,6 +80,7 @@ pub mod am;
 mod bootstrap;
 mod coll;
 mod comm;
+pub mod diagnostics;
 mod engine;
 mod error;
 mod failure;
@@ -117,7 +118,7 @@ pub use intercomm::{Intercomm, Side};
 pub use locality::Locality;
 pub use registered::Registered;
 pub use scope::{Request, Scope};
-pub use select::TRANSPORT_NAMES;
+pub use select::{transport_problem, TRANSPORT_NAMES};
 pub use status::{Source, Status, Tag, TAG_UB};
 pub use topo::{Block, DistGraphComm, Info, MappingCost, NeighborPlan, NeighborRequest, Neighbors, Reorder, Weights};
 

@@ -115,8 +115,8 @@ impl Transport {
 /// Opens the transport for this process, exchanging addresses through `boot`.
 pub(crate) fn open(boot: &mut Bootstrap) -> Result<Transport> {
     let choice = boot.transport_hint().unwrap_or_else(|| "auto".into());
-    if !TRANSPORT_NAMES.contains(&choice.as_str()) {
-        return Err(Error::Bootstrap(format!("transport {choice:?} is not known to this build (known: {})", TRANSPORT_NAMES.join(", "))));
+    if let Some(problem) = transport_problem(&choice) {
+        return Err(Error::Bootstrap(problem));
     }
     if boot.size() == 1 {
         return Ok(Transport::Loopback(Loopback::new()));
@@ -410,3 +410,77 @@ impl Endpoint for Transport {
         dispatch!(self, ep => ep.finalize())
     }
 }
+
+/// Why transport `choice` cannot be used in this build, and what would add
+/// it; `None` when it can.
+pub fn transport_problem(choice: &str) -> Option<String> {
+    if TRANSPORT_NAMES.contains(&choice) {
+        return None;
+    }
+    let known = TRANSPORT_NAMES.join(", ");
+    let feature = if choice.contains("verbs") {
+        Some("verbs")
+    } else if choice.contains("ofi") {
+        Some("ofi")
+    } else {
+        None
+    };
+    Some(match feature {
+        Some(f) if ["verbs", "ofi", "shm+verbs", "shm+ofi"].contains(&choice) => format!(
+            "transport {choice:?} is not in this build (it has: {known}); rebuild with the cargo feature `{f}` \
+             (cargo build --features fmx/{f}; it needs {})",
+            if f == "verbs" { "libibverbs-dev" } else { "libfabric-dev" }
+        ),
+        _ => format!("unknown transport {choice:?} (this build has: {known}; others: verbs, ofi, shm+verbs, shm+ofi)"),
+    })
+}
+
+/// A transport fmx knows, as `fmx-info` shows it.
+#[derive(Clone, Debug)]
+pub struct TransportInfo {
+    /// Its `FMX_TRANSPORT` name.
+    pub name: &'static str,
+    /// Whether this build carries it.
+    pub built: bool,
+    /// What adds it to a build that lacks it.
+    pub how_to_build: &'static str,
+    /// What it finds on this host (devices, providers), when built and it looks.
+    pub found: Option<std::result::Result<Vec<String>, String>>,
+}
+
+/// The transports, whether this build has each, and what each finds here.
+pub fn transport_report() -> Vec<TransportInfo> {
+    let shm_dir = fmx_transport::settings::var("FMX_SHM_DIR").unwrap_or_else(|| fmx_shm::segment::DEFAULT_DIR.into());
+    let shm = if std::path::Path::new(&shm_dir).is_dir() {
+        Ok(vec![format!("segments in {shm_dir}")])
+    } else {
+        Err(format!("{shm_dir} is not a directory (set FMX_SHM_DIR to a tmpfs directory)"))
+    };
+    #[cfg(feature = "verbs")]
+    let verbs = (true, Some(fmx_verbs::info::describe()));
+    #[cfg(not(feature = "verbs"))]
+    let verbs = (false, None);
+    #[cfg(feature = "ofi")]
+    let ofi = (true, Some(fmx_ofi::info::describe().map(|mut v| {
+        v.insert(0, format!("libfabric {} (built against)", fmx_ofi::LIBFABRIC_VERSION));
+        v
+    })));
+    #[cfg(not(feature = "ofi"))]
+    let ofi = (false, None);
+    vec![
+        TransportInfo { name: "shm", built: true, how_to_build: "always built", found: Some(shm) },
+        TransportInfo {
+            name: "verbs",
+            built: verbs.0,
+            how_to_build: "the cargo feature `verbs` (fmx/verbs; needs libibverbs-dev)",
+            found: verbs.1,
+        },
+        TransportInfo {
+            name: "ofi",
+            built: ofi.0,
+            how_to_build: "the cargo feature `ofi` (fmx/ofi; needs libfabric-dev)",
+            found: ofi.1,
+        },
+    ]
+}
+

@@ -55,7 +55,7 @@ for name, (st, why) in results.items():
     ok &= st == "pass"
 bench_only = open(f"{out}/initramfs/fmx/bench").read().strip() == "2"
 only = open(f"{out}/initramfs/fmx/only").read().strip()
-for required in ("setup", "probe") + (("bench",) if bench_only else () if only else ("fmx-itest/multiprocess", "fmx-verbs/device_pair", "shm-yama")):
+for required in ("setup", "probe") + (("bench",) if bench_only else () if only else ("fmx-itest/multiprocess", "fmx-verbs/device_pair", "shm-yama", "tools-and-errors")):
     if required not in results:
         print(f"MISSING suite {required}")
         ok = False

@@ -126,8 +126,8 @@ impl Launch {
             return Err(Error::Launch(format!("-n {}: fmxrun starts at most {MAX_RANKS} ranks on one host", self.np)));
         }
         if let Some(t) = &self.transport {
-            if !fmx::TRANSPORT_NAMES.contains(&t.as_str()) {
-                return Err(Error::Launch(format!("unknown transport {t:?} (known: {})", fmx::TRANSPORT_NAMES.join(", "))));
+            if let Some(problem) = fmx::transport_problem(t) {
+                return Err(Error::Launch(problem));
             }
         }
         for (what, d) in [("kill grace", Some(self.kill_grace)), ("timeout", self.timeout)] {

@@ -41,6 +41,12 @@ fn bad_arguments_are_named() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("'-n <N>': \"x\" is not a number"));
     let out = fmxrun().args(["-n", "2", "--transport", "carrier-pigeon", "true"]).output().unwrap();
     assert!(String::from_utf8_lossy(&out.stderr).contains("unknown transport \"carrier-pigeon\""));
+    // A transport this build lacks: the feature that adds it.
+    if !cfg!(feature = "verbs") {
+        let out = fmxrun().args(["-n", "2", "--transport", "shm+verbs", "true"]).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("transport \"shm+verbs\" is not in this build") && err.contains("--features fmx/verbs"), "{err}");
+    }
     let out = fmxrun().args(["-n", "2", "/nonexistent/program"]).output().unwrap();
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("starting rank 0 (/nonexistent/program)"));

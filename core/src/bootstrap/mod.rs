@@ -26,6 +26,26 @@ pub use user::UserBootstrap;
 
 use crate::error::{Error, Result};
 
+/// Which launcher started this process and what fmx would do under it, in
+/// words (for fmx-info); reads the environment only.
+pub(crate) fn describe_launcher() -> String {
+    let env = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
+    if let Some(addr) = fmx_transport::settings::var(ENV_RENDEZVOUS) {
+        let (r, n) = (fmx_transport::settings::var("FMX_RANK"), fmx_transport::settings::var("FMX_SIZE"));
+        format!("fmxrun (bootstrap at {addr}; rank {} of {})", r.as_deref().unwrap_or("?"), n.as_deref().unwrap_or("?"))
+    } else if let Some(fd) = env("PMI_FD") {
+        let v = fmx_transport::settings::var(pmi::ENV_PMI).unwrap_or_else(|| "auto".into());
+        format!(
+            "a PMI process manager (PMI_FD={fd}, PMI_RANK={}, FMX_PMI={v}: Hydra answers PMI-1, Slurm PMI-2)",
+            env("PMI_RANK").as_deref().unwrap_or("?")
+        )
+    } else if let Some(why) = unclaimed::unusable_launcher(|k| std::env::var(k).ok()) {
+        format!("refused: {why}")
+    } else {
+        "none: a process started alone is a world of one (start jobs with fmxrun, mpiexec.hydra or srun --mpi=pmi2)".into()
+    }
+}
+
 /// The bootstrap of this process.
 pub(crate) enum Bootstrap {
     /// Started alone: a world of one.

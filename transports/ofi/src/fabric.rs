@@ -185,6 +185,22 @@ impl Info {
         Self::c_str(unsafe { (*self.first().fabric_attr).prov_name })
     }
 
+    /// Every (provider, domain) libfabric listed, in its order, duplicates removed.
+    pub fn offers(&self) -> Vec<(String, String)> {
+        let mut out: Vec<(String, String)> = Vec::new();
+        let mut e = self.list;
+        while !e.is_null() {
+            // SAFETY: `e` walks the non-null entries of the list fi_getinfo returned,
+            // alive until drop; every entry has its fabric_attr and domain_attr.
+            let (prov, dom, next) = unsafe { (Self::c_str((*(*e).fabric_attr).prov_name), Self::c_str((*(*e).domain_attr).name), (*e).next) };
+            if !out.iter().any(|o| o.0 == prov && o.1 == dom) {
+                out.push((prov, dom));
+            }
+            e = next;
+        }
+        out
+    }
+
     /// The fabric and domain names, e.g. `127.0.0.0/8` and `lo`.
     pub fn fabric_and_domain(&self) -> (String, String) {
         let i = self.first();

@@ -43,6 +43,7 @@
 mod address;
 pub mod endpoint;
 pub mod fabric;
+pub mod info;
 mod names;
 
 pub use endpoint::{OfiConfig, OfiEndpoint, OfiSetup, DEFAULT_PIECE, DEFAULT_POOL_SLOTS, DEFAULT_SLOT_BYTES};

@@ -87,8 +87,9 @@ unsafe fn transfer(dir: Direction, peer: PeerId, pid: u32, local: *mut u8, remot
                 }
                 Some(libc::EPERM | libc::ENOSYS) => TransportError::Unsupported(format!(
                     "single-copy transfer to peer {peer} (pid {pid}) refused: {source}; the kernel forbids \
-                     cross-memory attach here (yama ptrace_scope, seccomp); lower FMX_SHM_EAGER_LIMIT cannot help \
-                     messages larger than a slot"
+                     cross-memory attach here (Yama ptrace_scope, seccomp, a container without CAP_SYS_PTRACE): set \
+                     FMX_SHM_CMA=0 to move large messages in two copies through the shared segments, or allow it \
+                     (kernel.yama.ptrace_scope=1 lets fmx's ranks attach to each other)"
                 )),
                 _ => TransportError::Io {
                     op: match dir {

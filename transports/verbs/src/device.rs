@@ -76,7 +76,7 @@ fn active_port(ctx: &Context, ports: u8) -> Option<(u8, ffi::ibv_port_attr)> {
 }
 
 /// The GID type the kernel reports for an index ("RoCE v2", "IB/RoCE v1").
-fn gid_type(dev: &str, port: u8, index: i32) -> Option<String> {
+pub(crate) fn gid_type(dev: &str, port: u8, index: i32) -> Option<String> {
     std::fs::read_to_string(format!("/sys/class/infiniband/{dev}/ports/{port}/gid_attrs/types/{index}")).ok().map(|s| s.trim().to_owned())
 }
 
@@ -104,9 +104,10 @@ fn pick_gid(ctx: &Context, port: u8, len: i32) -> Option<(u8, [u8; 16])> {
 
 /// Opens the device for `rank`.
 pub fn choose(rank: u32) -> Result<Chosen, TransportError> {
-    let names = device_names().map_err(io_err)?;
+    // ENOSYS: the kernel has no uverbs at all; the help says what to load.
+    let names = device_names().map_err(|e| setup_err(format!("ibv_get_device_list: {e}; {}", crate::info::no_device_help())))?;
     if names.is_empty() {
-        return Err(setup_err("no RDMA device (libibverbs lists none; is a driver such as rdma_rxe or mlx5_ib loaded?)".into()));
+        return Err(setup_err(crate::info::no_device_help()));
     }
     let port_env: Option<u8> = env_num("FMX_VERBS_PORT")?;
     let (ctx, port, port_attr) = match device_for_rank(rank) {

@@ -28,6 +28,7 @@
 mod address;
 pub mod device;
 pub mod endpoint;
+pub mod info;
 pub mod probe;
 mod sys;
 

@@ -20,6 +20,22 @@ fn last_os_error(what: &str) -> io::Error {
     io::Error::new(e.kind(), format!("{what}: {e}"))
 }
 
+/// What to do about ENOMEM from ibv_reg_mr: registration pins pages, and
+/// the locked-memory limit (`ulimit -l`) caps them.
+pub(crate) fn memlock_hint() -> String {
+    let mut r = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit writes the limit into `r`, a valid rlimit we own.
+    let limit = match unsafe { libc::getrlimit(libc::RLIMIT_MEMLOCK, &raw mut r) } {
+        0 if r.rlim_cur == libc::RLIM_INFINITY => "unlimited".to_owned(),
+        0 => format!("{} KiB", r.rlim_cur / 1024),
+        _ => "unknown".to_owned(),
+    };
+    format!(
+        "; registering pins memory and the locked-memory limit (ulimit -l) is {limit}: raise it (ulimit -l unlimited, \
+         memlock in /etc/security/limits.conf, LimitMEMLOCK= for systemd services, --ulimit memlock=-1 for containers)"
+    )
+}
+
 /// Verbs calls return 0 or an errno value (not -1 with errno set).
 fn check(rc: i32, what: &str) -> io::Result<()> {
     if rc == 0 {
@@ -190,7 +206,11 @@ impl Mr {
         // into the device's tables; it reads and writes no memory itself. Work
         // requests that use the region are posted by code that owns the memory.
         let mr = unsafe { ffi::ibv_reg_mr(pd.pd.as_ptr(), addr.cast_mut().cast(), len, access.flags().0 as i32) };
-        let mr = NonNull::new(mr).ok_or_else(|| last_os_error(&format!("ibv_reg_mr({len} bytes)")))?;
+        let mr = NonNull::new(mr).ok_or_else(|| {
+            let e = io::Error::last_os_error();
+            let hint = if e.raw_os_error() == Some(libc::ENOMEM) { memlock_hint() } else { String::new() };
+            io::Error::new(e.kind(), format!("ibv_reg_mr({len} bytes): {e}{hint}"))
+        })?;
         Ok(Self { mr, _pd: pd.clone(), addr: addr as u64, len })
     }
 
