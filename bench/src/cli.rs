@@ -37,6 +37,13 @@ pub enum Command {
     Bw(PerfArgs),
     /// Bidirectional bandwidth: both ranks send a window at once (osu_bibw)
     Bibw(PerfArgs),
+    /// Multiple bandwidth and message rate: several pairs stream at once (osu_mbw_mr)
+    #[command(name = "mbw_mr", visible_alias = "mbw-mr")]
+    MbwMr(MbwMrArgs),
+    /// The hardware floor: core-to-core cache-line latency and memcpy bandwidth per size
+    Limits(crate::limits::Args),
+    /// latency, bw, bibw, mbw_mr and limits in one report, with fmx's distance from the floor
+    All(crate::all::Args),
     /// fmx's latency and bandwidth beside MPICH's and Open MPI's, in one run
     Compare(compare::Args),
     /// The neighbourhood exchange of MPI-3.0 Example 7.4's torus
@@ -102,6 +109,17 @@ pub struct PerfArgs {
     /// The transport for the ranks fmx-perf starts itself (auto, shm, verbs, ofi, shm+verbs, shm+ofi)
     #[arg(long, value_name = "NAME")]
     pub transport: Option<String>,
+}
+
+/// Options of `mbw_mr`.
+#[derive(Args, Debug, Clone)]
+pub struct MbwMrArgs {
+    /// Sender-receiver pairs when fmx-perf starts its own ranks (2 x PAIRS ranks; under a launcher: half the world)
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=32))]
+    pub pairs: u32,
+    /// The options latency, bw and bibw take
+    #[command(flatten)]
+    pub perf: PerfArgs,
 }
 
 /// A byte count: digits with an optional K or M suffix (binary).

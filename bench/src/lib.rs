@@ -3,9 +3,11 @@
 //! their OSU-column / JSON rendering, and the side-by-side comparisons with
 //! MPI peers and fi_pingpong.
 
+pub mod all;
 pub mod check_cost;
 pub mod cli;
 pub mod compare;
+pub mod limits;
 pub mod meta;
 pub mod neighbor;
 pub mod neighbor_compare;

@@ -66,6 +66,7 @@ impl Clock {
 pub fn run(fmx: &Fmx, p: &Params, mut emit: impl FnMut(Row) -> Result<(), String>) -> Result<(), String> {
     let e2s = |e: fmx::Error| e.to_string();
     let world = fmx.world();
+    let pairs = p.pairs;
     let max = p.sizes().last().copied().unwrap_or(0);
     let mut sbuf = buffer(fmx, p.plain, max, b'a').map_err(e2s)?;
     let mut rbuf = buffer(fmx, p.plain, max, b'b').map_err(e2s)?;
@@ -78,22 +79,32 @@ pub fn run(fmx: &Fmx, p: &Params, mut emit: impl FnMut(Row) -> Result<(), String
             Test::Latency => latency(world, s, r, iters, warmup, &mut clock),
             Test::Bw => bw(world, s, r, iters, warmup, p.window, &mut clock),
             Test::Bibw => bibw(world, s, r, iters, warmup, p.window, &mut clock),
+            Test::MbwMr => mbw_mr(world, s, r, iters, warmup, p.window, pairs, &mut clock),
         }
         .map_err(e2s)?;
-        let secs = clock.stop();
+        let mut secs = clock.stop();
+        if p.test == Test::MbwMr {
+            // The pairs run at once: the aggregate is over the slowest sender's time.
+            let mine = [if (world.rank() as usize) < pairs { secs } else { 0.0 }];
+            let mut slowest = [0.0f64];
+            world.allreduce(&mine, &mut slowest, fmx::Op::Max).map_err(e2s)?;
+            secs = slowest[0];
+        }
         if world.rank() == 0 {
-            // Bytes one timed iteration moves (bandwidth tests), or the
-            // round trip's two halves (latency).
-            let per_iteration = match p.test {
-                Test::Latency => 0.0,
-                Test::Bw => (size * p.window) as f64,
-                Test::Bibw => (2 * size * p.window) as f64,
-            };
+            // Messages and bytes one timed iteration moves (bandwidth tests).
+            let messages = match p.test {
+                Test::Latency => 0,
+                Test::Bw => p.window,
+                Test::Bibw => 2 * p.window,
+                Test::MbwMr => pairs * p.window,
+            } as f64;
+            let bytes = messages * size as f64;
             let (value, mut samples): (f64, Vec<f64>) = match p.test {
                 Test::Latency => (secs * 1e6 / (2.0 * iters as f64), clock.samples.iter().map(|s| s * 1e6 / 2.0).collect()),
-                _ => (per_iteration * iters as f64 / secs / 1e6, clock.samples.iter().map(|s| per_iteration / s / 1e6).collect()),
+                _ => (bytes * iters as f64 / secs / 1e6, clock.samples.iter().map(|s| bytes / s / 1e6).collect()),
             };
-            emit(Row { size, iterations: iters, warmup, value, stats: Stats::of(&mut samples) })?;
+            let rate = (p.test != Test::Latency).then(|| messages * iters as f64 / secs);
+            emit(Row { size, iterations: iters, warmup, value, stats: Stats::of(&mut samples), rate })?;
         }
         sbuf[..size].fill(b'a');
     }
@@ -145,6 +156,34 @@ fn bw(c: &Comm, s: &[u8], r: &mut [u8], iters: usize, warmup: usize, window: usi
                 c.send(&ack, 0, ACK_TAG)?;
             }
             _ => {}
+        }
+    }
+    Ok(())
+}
+
+/// osu_mbw_mr: ranks `0..pairs` each stream a window to their partner
+/// `rank + pairs` and wait for its 4-byte ack, all pairs at once.
+#[allow(clippy::too_many_arguments)]
+fn mbw_mr(c: &Comm, s: &[u8], r: &mut [u8], iters: usize, warmup: usize, window: usize, pairs: usize, clock: &mut Clock) -> fmx::Result<()> {
+    let me = c.rank() as usize;
+    let mut ack = [0u8; 4];
+    for i in 0..iters + warmup {
+        clock.tick(i, warmup);
+        if me < pairs {
+            let to = (me + pairs) as u32;
+            c.scope(|sc| {
+                for _ in 0..window {
+                    let _ = sc.isend(s, to, TAG)?;
+                }
+                Ok(())
+            })?;
+            c.recv(&mut ack, to, ACK_TAG)?;
+        } else if me < 2 * pairs {
+            let from = (me - pairs) as u32;
+            for _ in 0..window {
+                c.recv(r, from, TAG)?;
+            }
+            c.send(&ack, from, ACK_TAG)?;
         }
     }
     Ok(())

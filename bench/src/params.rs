@@ -11,6 +11,8 @@ pub enum Test {
     Bw,
     /// Both directions at once (`osu_bibw`).
     Bibw,
+    /// Every pair streams at once: aggregate MB/s and messages/s (`osu_mbw_mr`).
+    MbwMr,
 }
 
 impl Test {
@@ -20,6 +22,7 @@ impl Test {
             Self::Latency => "latency",
             Self::Bw => "bw",
             Self::Bibw => "bibw",
+            Self::MbwMr => "mbw_mr",
         }
     }
 }
@@ -61,6 +64,8 @@ pub struct Params {
     /// Send from and receive into plain `Vec`s instead of registered buffers
     /// (measures the bounce/per-operation registration path of verbs).
     pub plain: bool,
+    /// Sender-receiver pairs (mbw_mr; the others measure one pair).
+    pub pairs: usize,
 }
 
 /// Above this size OSU uses fewer iterations (its `LARGE_MESSAGE_SIZE`).
@@ -79,6 +84,7 @@ impl Params {
             format: Format::Osu,
             gbits: false,
             plain: false,
+            pairs: 1,
         }
     }
 
@@ -133,7 +139,7 @@ impl Params {
     pub fn osu_defaults(&self) -> [(usize, usize); 2] {
         match self.test {
             Test::Latency => [(10_000, 1_000), (1_000, 100)],
-            Test::Bw | Test::Bibw => [(100, 10), (20, 2)],
+            Test::Bw | Test::Bibw | Test::MbwMr => [(100, 10), (20, 2)],
         }
     }
 

@@ -23,6 +23,8 @@ pub struct Row {
     pub value: f64,
     /// Per-iteration statistics (latency in us, bandwidth in MB/s), when timed.
     pub stats: Option<Stats>,
+    /// Messages per second (bandwidth tests).
+    pub rate: Option<f64>,
 }
 
 /// The unit of a row's value as written: us, MB/s or Gb/s.
@@ -46,6 +48,7 @@ fn scaled(p: &Params, v: f64) -> f64 {
 /// The row, or an error naming the size and the value that is not finite.
 pub fn check_finite(row: &Row) -> Result<(), String> {
     let mut named = vec![("value", row.value)];
+    named.extend(row.rate.map(|r| ("messages/s", r)));
     if let Some(s) = &row.stats {
         named.extend(["t_min", "t_max", "t_typical", "t_avg", "t_stdev", "p99", "p99.9"].into_iter().zip(s.values()));
     }
@@ -76,6 +79,7 @@ fn columns(p: &Params) -> String {
             let u = if p.gbits { "Gb/sec" } else { "MB/sec" };
             format!("{:>7} {:>11} {:>18} {:>21} {:>16}\n", "#bytes", "#iterations", format!("BW peak[{u}]"), format!("BW average[{u}]"), "MsgRate[Mpps]")
         }
+        _ if p.test == Test::MbwMr => format!("# Size{:>22}{:>18}\n", u, "Messages/s"),
         _ => format!("# Size{what:>22}\n"),
     }
 }
@@ -90,6 +94,9 @@ pub fn header(p: &Params, transport: &str, pair: &str, large: &str) -> String {
     s.push_str(&format!("# buffers: {buffers}\n# iterations: {}\n", p.loops_line()));
     if p.test != Test::Latency {
         s.push_str(&format!("# window: {} messages in flight\n", p.window));
+    }
+    if p.test == Test::MbwMr {
+        s.push_str(&format!("# pairs: {} (rank i sends to rank i + {}), all at once; aggregate figures\n", p.pairs, p.pairs));
     }
     s.push_str(&columns(p));
     s
@@ -107,9 +114,10 @@ pub fn line(p: &Params, r: &Row) -> String {
             r.size, r.iterations, s.min, s.max, s.typical, s.avg, s.stdev, s.p99, s.p999
         ),
         (Format::Stats, Some(s)) => {
-            let rate = if r.size == 0 { 0.0 } else { r.value / r.size as f64 };
-            format!("{:>7} {:>11} {:>18.2} {v:>21.2} {rate:>16.6}\n", r.size, r.iterations, scaled(p, s.max))
+            let mpps = r.rate.unwrap_or(0.0) / 1e6;
+            format!("{:>7} {:>11} {:>18.2} {v:>21.2} {mpps:>16.6}\n", r.size, r.iterations, scaled(p, s.max))
         }
+        _ if p.test == Test::MbwMr => format!("{:<10}{v:>18.2}{:>18.2}\n", r.size, r.rate.unwrap_or(0.0)),
         _ => format!("{:<10}{v:>18.2}\n", r.size),
     }
 }
@@ -143,6 +151,7 @@ struct CsvRecord<'a> {
     stdev: Option<f64>,
     p99: Option<f64>,
     p999: Option<f64>,
+    messages_per_second: Option<f64>,
 }
 
 /// The JSON document.
@@ -159,6 +168,7 @@ struct JsonRow<'a> {
     warmup: usize,
     value: f64,
     unit: &'a str,
+    messages_per_second: Option<f64>,
     stats: Option<Stats>,
 }
 
@@ -200,6 +210,7 @@ impl<W: Write> Writer<W> {
                     stdev: at(4),
                     p99: at(5),
                     p999: at(6),
+                    messages_per_second: r.rate,
                 })
                 .map_err(|e| e.to_string())?;
                 w.flush().map_err(io)?;
@@ -230,6 +241,7 @@ impl<W: Write> Writer<W> {
                     warmup: r.warmup,
                     value: scaled(p, r.value),
                     unit: unit(p),
+                    messages_per_second: r.rate,
                     stats: r.stats.map(|s| {
                         let v = s.values().map(|v| scaled(p, v));
                         Stats { min: v[0], max: v[1], typical: v[2], avg: v[3], stdev: v[4], p99: v[5], p999: v[6] }
@@ -272,7 +284,7 @@ mod tests {
     use super::*;
 
     fn row(size: usize, value: f64) -> Row {
-        Row { size, iterations: 10, warmup: 1, value, stats: Stats::of(&mut [value, value * 2.0]) }
+        Row { size, iterations: 10, warmup: 1, value, stats: Stats::of(&mut [value, value * 2.0]), rate: None }
     }
 
     #[test]

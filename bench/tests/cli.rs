@@ -185,3 +185,24 @@ fn csv_has_a_header_and_finite_rows_in_the_asked_unit() {
         }
     }
 }
+
+#[test]
+fn mbw_mr_limits_and_all_report_osu_rows_and_the_floor() {
+    let o = perf(&["mbw_mr", "--pairs", "2", "-m", "8:16", "-i", "5", "-x", "1", "-W", "8"]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+    let out = text(&o.stdout);
+    assert!(out.contains("# pairs: 2 (rank i sends to rank i + 2)") && out.contains("Messages/s"), "{out}");
+    let rows: Vec<Vec<f64>> = out.lines().filter(|l| !l.starts_with('#')).map(|l| l.split_whitespace().map(|v| v.parse().unwrap()).collect()).collect();
+    assert_eq!(rows.len(), 2, "{out}");
+    for r in &rows {
+        // size, MB/s, messages/s: bytes per second / size is the message rate.
+        assert_eq!(r.len(), 3, "{r:?}");
+        assert!(r[2] > 0.0 && ((r[1] * 1e6 / r[0]) / r[2] - 1.0).abs() < 0.02, "{r:?}");
+    }
+    let o = perf(&["all", "-m", "8:16", "-i", "10"]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+    let out = text(&o.stdout);
+    for section in ["# fmx-perf latency", "# fmx-perf bw", "# fmx-perf bibw", "# fmx-perf mbw_mr", "# fmx-perf limits", "| latency (us) | 8 B |", "| bw (MB/s) | 16 B |"] {
+        assert!(out.contains(section), "no {section:?} in:\n{out}");
+    }
+}

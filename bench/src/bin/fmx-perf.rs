@@ -9,7 +9,7 @@ use clap::Parser;
 use fmx_bench::cli::{Cli, Command, PerfArgs};
 use fmx_bench::params::{Format, Params, Test};
 use fmx_bench::report::{self, Writer};
-use fmx_bench::{check_cost, compare, meta, neighbor, neighbor_compare, ofi_compare, osu, peers, redistribute};
+use fmx_bench::{all, check_cost, compare, limits, meta, neighbor, neighbor_compare, ofi_compare, osu, peers, redistribute};
 
 /// One rank of a point-to-point test.
 fn run_rank(p: &Params) -> Result<(), String> {
@@ -19,6 +19,14 @@ fn run_rank(p: &Params) -> Result<(), String> {
     if world.size() < 2 {
         return Err("fmx-perf needs at least 2 ranks".into());
     }
+    let mut p = p.clone();
+    if p.test == Test::MbwMr {
+        if world.size() % 2 != 0 {
+            return Err(format!("mbw_mr pairs ranks i and i + n/2, so it needs an even number of ranks; the world has {}", world.size()));
+        }
+        p.pairs = world.size() as usize / 2;
+    }
+    let p = &p;
     let core = peers::pin(world.rank());
     let meta = if p.format == Format::Json { meta::gather(&fmx, p, core)? } else { None };
     let mut out = if world.rank() == 0 {
@@ -34,21 +42,25 @@ fn run_rank(p: &Params) -> Result<(), String> {
     fmx.finalize().map_err(e2s)
 }
 
-fn perf(test: Test, a: &PerfArgs) -> Result<(), String> {
+/// A point-to-point test: under a launcher, measure; alone, start `ranks` of our own.
+fn perf(test: Test, a: &PerfArgs, ranks: u32) -> Result<(), String> {
     let p = Params::from_args(test, a)?;
     if std::env::var_os("FMX_RANK").is_some() {
         run_rank(&p)
     } else {
-        peers::launch_self(2, a.transport.clone())
+        peers::launch_self(ranks, a.transport.clone())
     }
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let r = match &cli.command {
-        Command::Latency(a) => perf(Test::Latency, a),
-        Command::Bw(a) => perf(Test::Bw, a),
-        Command::Bibw(a) => perf(Test::Bibw, a),
+        Command::Latency(a) => perf(Test::Latency, a, 2),
+        Command::Bw(a) => perf(Test::Bw, a, 2),
+        Command::Bibw(a) => perf(Test::Bibw, a, 2),
+        Command::MbwMr(a) => perf(Test::MbwMr, &a.perf, 2 * a.pairs),
+        Command::Limits(a) => limits::main(a),
+        Command::All(a) => all::main(a),
         Command::Compare(a) => compare::main(a),
         Command::Neighbor(a) => neighbor::main(a),
         Command::NeighborCompare(a) => neighbor_compare::main(a),
