@@ -19,6 +19,9 @@ pub struct Args {
     /// The transport of the ranks
     #[arg(long, value_name = "NAME")]
     pub transport: Option<String>,
+    /// Also draw latency and bandwidth against size, with the floor, into FILE (.svg, or .png through rsvg-convert)
+    #[arg(long, value_name = "FILE")]
+    pub plot: Option<std::path::PathBuf>,
 }
 
 /// Runs `fmx-perf ARGS` and returns its output.
@@ -47,7 +50,7 @@ pub fn main(a: &Args) -> Result<(), String> {
         let mut args = vec![test.to_owned()];
         args.extend(common.iter().cloned());
         let out = child(&args)?;
-        print!("{out}\n");
+        println!("{out}");
         outputs.push((test, parse_osu(&out)));
     }
     let mut args = vec!["limits".to_owned(), "-m".to_owned(), range];
@@ -55,7 +58,7 @@ pub fn main(a: &Args) -> Result<(), String> {
         args.extend(["-i".to_owned(), i.to_string()]);
     }
     let limits = child(&args)?;
-    print!("{limits}\n");
+    println!("{limits}");
     let handoff_ns = limits
         .lines()
         .find_map(|l| l.strip_prefix("# core-to-core cache-line handoff (cores 0 and 1): "))
@@ -78,5 +81,19 @@ pub fn main(a: &Args) -> Result<(), String> {
         }
     }
     print!("{t}");
+    if let Some(path) = &a.plot {
+        use crate::plot::{plot, Series};
+        let floor: Vec<(usize, f64)> = outputs[0].1.iter().map(|r| (r.0, handoff_ns / 1000.0)).collect();
+        let latency = [Series::new("fmx latency", &outputs[0].1), Series::new("one cache-line handoff (floor)", &floor)];
+        let bandwidth = [
+            Series::new("fmx bw", &outputs[1].1),
+            Series::new("fmx bibw", &outputs[2].1),
+            Series::new("fmx mbw_mr", &outputs[3].1),
+            Series::new("memcpy (floor)", &memcpy),
+        ];
+        let title = format!("fmx-perf all on {} ({})", crate::meta::hostname(), crate::cli::VERSION);
+        plot(path, &title, &latency, &bandwidth)?;
+        eprintln!("fmx-perf all: plot written to {}", path.display());
+    }
     Ok(())
 }

@@ -51,6 +51,9 @@ pub struct Args {
     /// Take the peers' C sources (osu_peer.c, ...) from DIR instead of the copies inside fmx-perf
     #[arg(long, value_name = "DIR")]
     pub peer_src: Option<PathBuf>,
+    /// Also draw every sweep (fmx and the peers, latency and bandwidth) into FILE (.svg, or .png through rsvg-convert)
+    #[arg(long, value_name = "FILE")]
+    pub plot: Option<PathBuf>,
 }
 
 /// Entry point of `fmx-perf compare`.
@@ -63,9 +66,12 @@ pub fn main(a: &Args) -> Result<(), String> {
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
     let mut table = Table::new();
     let mut names = vec!["fmx".to_owned()];
+    // Every sweep, for --plot: (who, test, rows).
+    let mut curves: Vec<(String, &str, Vec<(usize, f64)>)> = Vec::new();
     for test in ["latency", "bw"] {
         let out = crate::peers::run(Command::new(&exe).args([test, "--max-size", &max.to_string()]))?;
         record(&mut table, test, "fmx", &parse_osu(&out), &sizes);
+        curves.push(("fmx".into(), test, parse_osu(&out)));
     }
     let mut missing = Vec::new();
     let mut versions = Vec::new();
@@ -80,7 +86,9 @@ pub fn main(a: &Args) -> Result<(), String> {
                 }
             };
             for test in ["latency", "bw"] {
-                record(&mut table, test, mpi.name(), &parse_osu(&peer_sweep(mpi, &bin, test, max)?), &sizes);
+                let rows = parse_osu(&peer_sweep(mpi, &bin, test, max)?);
+                record(&mut table, test, mpi.name(), &rows, &sizes);
+                curves.push((mpi.name().into(), test, rows));
             }
             names.push(mpi.name().to_owned());
             versions.push(format!("{} {}", mpi.name(), mpi.version()));
@@ -94,6 +102,11 @@ pub fn main(a: &Args) -> Result<(), String> {
         text.push_str(&format!("\nNot compared: {m}\n"));
     }
     print!("{text}");
+    if let Some(path) = &a.plot {
+        use crate::plot::{plot, Series};
+        let of = |test: &str| -> Vec<Series> { curves.iter().filter(|c| c.1 == test).map(|c| Series::new(c.0.clone(), &c.2)).collect() };
+        plot(path, &format!("fmx-perf compare on {} ({})", crate::meta::hostname(), crate::cli::VERSION), &of("latency"), &of("bw"))?;
+    }
     if let Some(path) = readme {
         crate::report::update_readme(&path, "perf-table", &text)?;
     }

@@ -15,6 +15,7 @@ pub mod ofi_compare;
 pub mod osu;
 pub mod params;
 pub mod peers;
+pub mod plot;
 pub mod redistribute;
 pub mod report;
 pub mod stats;
