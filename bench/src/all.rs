@@ -46,10 +46,13 @@ pub fn main(a: &Args) -> Result<(), String> {
         common.extend(["--transport".to_owned(), t.clone()]);
     }
     let mut outputs = Vec::new();
+    let mut progress = crate::progress::Progress::for_steps(5, "fmx-perf all");
     for test in ["latency", "bw", "bibw", "mbw_mr"] {
         let mut args = vec![test.to_owned()];
         args.extend(common.iter().cloned());
+        progress.step(test.to_owned());
         let out = child(&args)?;
+        progress.inc();
         println!("{out}");
         outputs.push((test, parse_osu(&out)));
     }
@@ -57,7 +60,9 @@ pub fn main(a: &Args) -> Result<(), String> {
     if let Some(i) = a.iterations {
         args.extend(["-i".to_owned(), i.to_string()]);
     }
+    progress.step("limits".to_owned());
     let limits = child(&args)?;
+    drop(progress);
     println!("{limits}");
     let handoff_ns = limits
         .lines()

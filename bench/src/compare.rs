@@ -68,10 +68,13 @@ pub fn main(a: &Args) -> Result<(), String> {
     let mut names = vec!["fmx".to_owned()];
     // Every sweep, for --plot: (who, test, rows).
     let mut curves: Vec<(String, &str, Vec<(usize, f64)>)> = Vec::new();
+    let mut progress = crate::progress::Progress::for_steps(6, "fmx-perf compare");
     for test in ["latency", "bw"] {
+        progress.step(format!("fmx {test}"));
         let out = crate::peers::run(Command::new(&exe).args([test, "--max-size", &max.to_string()]))?;
         record(&mut table, test, "fmx", &parse_osu(&out), &sizes);
         curves.push(("fmx".into(), test, parse_osu(&out)));
+        progress.inc();
     }
     let mut missing = Vec::new();
     let mut versions = Vec::new();
@@ -86,7 +89,9 @@ pub fn main(a: &Args) -> Result<(), String> {
                 }
             };
             for test in ["latency", "bw"] {
+                progress.step(format!("{} {test}", mpi.name()));
                 let rows = parse_osu(&peer_sweep(mpi, &bin, test, max)?);
+                progress.inc();
                 record(&mut table, test, mpi.name(), &rows, &sizes);
                 curves.push((mpi.name().into(), test, rows));
             }
@@ -94,6 +99,7 @@ pub fn main(a: &Args) -> Result<(), String> {
             versions.push(format!("{} {}", mpi.name(), mpi.version()));
         }
     }
+    drop(progress);
     let mut text = render(&table, &names);
     if !versions.is_empty() {
         text.push_str(&format!("\nPeers: {}; fmx {}.\n", versions.join(", "), crate::cli::VERSION));

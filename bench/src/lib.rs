@@ -16,6 +16,7 @@ pub mod osu;
 pub mod params;
 pub mod peers;
 pub mod plot;
+pub mod progress;
 pub mod redistribute;
 pub mod report;
 pub mod stats;

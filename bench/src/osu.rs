@@ -70,7 +70,11 @@ pub fn run(fmx: &Fmx, p: &Params, mut emit: impl FnMut(Row) -> Result<(), String
     let max = p.sizes().last().copied().unwrap_or(0);
     let mut sbuf = buffer(fmx, p.plain, max, b'a').map_err(e2s)?;
     let mut rbuf = buffer(fmx, p.plain, max, b'b').map_err(e2s)?;
+    let mut progress = (world.rank() == 0).then(|| crate::progress::Progress::for_rank(p.sizes().len(), &format!("fmx-perf {}", p.test.name())));
     for size in p.sizes() {
+        if let Some(pr) = progress.as_mut() {
+            pr.step(format!("{size} B"));
+        }
         world.barrier().map_err(e2s)?;
         let (iters, warmup) = p.loops(size);
         let mut clock = Clock::new(p.per_iteration(), iters);
@@ -105,6 +109,9 @@ pub fn run(fmx: &Fmx, p: &Params, mut emit: impl FnMut(Row) -> Result<(), String
             };
             let rate = (p.test != Test::Latency).then(|| messages * iters as f64 / secs);
             emit(Row { size, iterations: iters, warmup, value, stats: Stats::of(&mut samples), rate })?;
+        }
+        if let Some(pr) = &progress {
+            pr.inc();
         }
         sbuf[..size].fill(b'a');
     }

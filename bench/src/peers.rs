@@ -154,6 +154,9 @@ pub fn launch_self(np: u32, transport: Option<String>) -> Result<(), String> {
     let mut l = fmx_launcher::Launch::new(np, exe);
     l.args = std::env::args_os().skip(1).collect();
     l.transport = transport;
+    if crate::progress::stderr_is_terminal() && std::env::var_os(crate::progress::ENV).is_none() {
+        l.env.push((crate::progress::ENV.into(), "tty".into()));
+    }
     let o = l.run().map_err(|e| e.to_string())?;
     if o.code == 0 {
         Ok(())

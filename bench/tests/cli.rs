@@ -211,3 +211,21 @@ fn mbw_mr_limits_and_all_report_osu_rows_and_the_floor() {
         assert!(out.contains(section), "no {section:?} in:\n{out}");
     }
 }
+
+/// The progress line is drawn on a terminal (here a pseudo-terminal from
+/// `script`, with the quiet period set to 0 s), and never into a pipe.
+#[test]
+fn progress_shows_on_a_terminal_and_never_in_a_pipe() {
+    let exe = env!("CARGO_BIN_EXE_fmx-perf");
+    let o = Command::new("script")
+        .args(["-qec", &format!("{exe} latency -m 8:64 -i 50 -x 5"), "/dev/null"])
+        .env("FMX_PERF_PROGRESS", "tty:0")
+        .env_remove("FMX_RANK")
+        .output()
+        .expect("script (util-linux) runs");
+    let tty = text(&o.stdout);
+    assert_eq!(o.status.code(), Some(0), "{tty}");
+    assert!(tty.contains("fmx-perf latency [") && tty.contains("/4 "), "no progress line on the terminal:\n{tty:?}");
+    let o = perf(&["latency", "-m", "8:64", "-i", "50", "-x", "5"]);
+    assert!(!text(&o.stderr).contains('[') && !text(&o.stdout).contains("fmx-perf latency ["), "{}", text(&o.stderr));
+}

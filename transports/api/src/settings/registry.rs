@@ -148,6 +148,8 @@ pub const SETTINGS: &[Setting] = &[
     s("FMX_OPENMPI_CC", Kind::Text, "mpicc.openmpi", Scope::Tools, "Open MPI's compiler for fmx-perf's peers"),
     s("FMX_OPENMPI_RUN", Kind::Text, "mpirun.openmpi", Scope::Tools, "Open MPI's launcher for fmx-perf's peers"),
     s("FMX_PEER_SRC", Kind::Text, "the copies inside fmx-perf", Scope::Tools, "Directory of the peers' C sources"),
+    s("FMX_PERF_PROGRESS", Kind::Text, "unset", Scope::Tools,
+      "tty (set by fmx-perf for its rank 0 when its stderr is a terminal): draw the progress line on /dev/tty after 3 s; tty:SECS after SECS"),
     s("FMX_RENDEZVOUS", Kind::Text, "unset", Scope::Launcher, "fmxrun's bootstrap address (its presence means: started by fmxrun)"),
     s("FMX_RANK", Kind::Count, "unset", Scope::Launcher, "This rank"),
     s("FMX_SIZE", Kind::Count, "unset", Scope::Launcher, "Ranks in the world"),
