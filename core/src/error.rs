@@ -149,6 +149,7 @@ impl From<TransportError> for Error {
     fn from(e: TransportError) -> Self {
         match e {
             TransportError::PeerGone { peer, reason } => {
+                crate::log::peer_lost(peer, &reason, "a transport operation");
                 Self::PeerGone { rank: peer, world_rank: peer, during: "a transport operation".into(), reason, pending: false }
             }
             e => Self::Transport(e),

@@ -26,13 +26,11 @@ impl Failure {
     pub(crate) fn error(&self, during: &str) -> Error {
         match self {
             Self::Notice(n) => match n.member {
-                Some(m) => Error::PeerGone {
-                    rank: m,
-                    world_rank: m,
-                    during: during.to_owned(),
-                    reason: format!("fmxrun reports that it {} (the job's first failure; every rank is told)", n.reason),
-                    pending: false,
-                },
+                Some(m) => {
+                    let reason = format!("fmxrun reports that it {} (the job's first failure; every rank is told)", n.reason);
+                    crate::log::peer_lost(m, &reason, during);
+                    Error::PeerGone { rank: m, world_rank: m, during: during.to_owned(), reason, pending: false }
+                }
                 None => Error::JobFailed {
                     during: during.to_owned(),
                     who: if n.generation == 0 {

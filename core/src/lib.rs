@@ -87,6 +87,7 @@ mod failure;
 mod intercomm;
 mod join;
 mod locality;
+mod log;
 pub mod malleable;
 #[cfg_attr(not(any(feature = "verbs", feature = "ofi", test)), allow(dead_code))]
 mod mixed;
@@ -169,7 +170,7 @@ fn start(opts: InitOptions, open: impl FnOnce() -> Result<Fmx>) -> Result<Fmx> {
     if INITIALIZED.swap(true, Ordering::SeqCst) {
         return Err(Error::AlreadyInitialized);
     }
-    let r = open().and_then(|f| {
+    let r = log::init().and_then(|()| open()).and_then(|f| {
         if !opts.defer_join {
             f.wait_for_join(f.world.size())?;
             f.reallocate_credits()?;

@@ -131,12 +131,17 @@ fn item02_a_death_inside_a_collective_reaches_every_survivor_before_the_grace_en
 /// slower survivor (seen in the emulated VM) could rightly name it instead.
 #[test]
 fn item03_a_receive_from_any_source_fails_when_a_member_dies() {
-    let o = launch(4, "wildcard", &[("FAULT_LINGER", "1")]).run().expect("launch");
+    let o = launch(4, "wildcard", &[("FAULT_LINGER", "1"), ("FMX_LOG", "warn")]).run().expect("launch");
     assert_eq!(o.code, 3, "{}", dump(&o));
     no_wrong_answers(&o);
     let g = gone(&o);
     assert_eq!(g.len(), 3, "{}", dump(&o));
     assert!(g.values().all(|&(named, _, _)| named == 3), "{g:?}");
+    // FMX_LOG=warn: each survivor logs the loss once.
+    for r in 0..3 {
+        let n = o.lines.iter().filter(|(who, e, l)| *who == r && *e && l.contains("WARN") && l.contains("rank 3 is gone")).count();
+        assert_eq!(n, 1, "rank {r} logged the loss {n} times:\n{}", dump(&o));
+    }
     assert_no_files(&o);
 }
 

@@ -274,3 +274,19 @@ fn every_peer_has_a_named_route() {
         run_ok(np, "routes");
     }
 }
+
+/// FMX_LOG reports a send that waited for a credit, and the rendezvous;
+/// a bad filter is an error naming FMX_LOG.
+#[test]
+fn fmx_log_reports_credit_stalls_and_rendezvous() {
+    let o = run_ok_env(2, "credit-stall", &[("FMX_LOG", "info"), ("FMX_POOL_SLOTS", "1"), ("FMX_SHM_POOL_SLOTS", "1")]);
+    let stall = o.lines.iter().find(|(r, e, l)| *r == 0 && *e && l.contains("waited") && l.contains("for a credit"));
+    let (_, _, line) = stall.unwrap_or_else(|| panic!("no credit-stall event from rank 0:\n{}", dump(&o)));
+    let ms: u64 = line.split(" waited ").nth(1).and_then(|t| t.split(' ').next()).and_then(|v| v.parse().ok()).expect("milliseconds");
+    assert!(ms >= 250, "rank 1 slept 300 ms before receiving, yet the stall was {ms} ms: {line}");
+    let o = run_ok_env(2, "sizes", &[("FMX_LOG", "fmx=debug")]);
+    assert!(o.lines.iter().any(|(_, e, l)| *e && l.contains("rendezvous: offering")), "{}", dump(&o));
+    let (o, _) = launch_env(2, "zero", &[("FMX_LOG", "fmx=loud")]);
+    assert_ne!(o.code, 0);
+    assert!(o.lines.iter().any(|(_, e, l)| *e && l.contains("FMX_LOG") && l.contains("\"fmx=loud\" is not a log filter")), "{}", dump(&o));
+}

@@ -83,7 +83,12 @@ struct Outgoing {
     payload: Payload,
     /// Eager send request to complete once the message is in the slot.
     completes: Option<ReqId>,
+    /// When it began to wait for a credit (for FMX_LOG's credit-stall events).
+    since: Instant,
 }
+
+/// A send that waited this long for a credit is logged (info).
+const CREDIT_STALL_LOG: Duration = Duration::from_millis(100);
 
 /// What a received message asks of the transport (run right after the
 /// message is handled and released).
@@ -199,7 +204,7 @@ impl Engine {
             if self.outq[queue(dest, MsgKind::Eager)].is_empty() && self.tp.try_send(dest, &header, data)? == SendOutcome::Sent {
                 self.reqs.complete(req, RawStatus { src: self.me, tag, sent: data.len() as u64, capacity: data.len() as u64 });
             } else {
-                self.enqueue(dest, Outgoing { header, payload: Payload::Lent(buf), completes: Some(req) });
+                self.enqueue(dest, Outgoing { header, payload: Payload::Lent(buf), completes: Some(req), since: Instant::now() });
             }
         } else {
             #[allow(unsafe_code)]
@@ -213,6 +218,7 @@ impl Engine {
                 r.buf = Some(buf);
                 r.partial = Some(RawStatus { src: self.me, tag, sent: data.len() as u64, capacity: data.len() as u64 });
             }
+            tracing::debug!(rank = self.me, "rendezvous: offering {} bytes to rank {dest}", data.len());
             let header = MsgHeader::control(MsgKind::Rts, bits, data.len() as u64, req.cookie(), RemoteKey::BYTES);
             self.send_control(dest, header, Payload::Key(key.encode()))?;
         }
@@ -270,7 +276,7 @@ impl Engine {
                 return Ok(());
             }
         }
-        self.enqueue(dest, Outgoing { header, payload, completes: None });
+        self.enqueue(dest, Outgoing { header, payload, completes: None, since: Instant::now() });
         Ok(())
     }
 
@@ -308,6 +314,10 @@ impl Engine {
                         self.drop_queue(q, &e);
                         break;
                     }
+                }
+                let waited = o.since.elapsed();
+                if waited >= CREDIT_STALL_LOG {
+                    tracing::info!(rank = self.me, "a send to rank {dest} waited {} ms for a credit (FM's send rule)", waited.as_millis());
                 }
                 if let Some(r) = o.completes {
                     let len = o.header.len;
@@ -451,6 +461,7 @@ impl Engine {
                 let status = RawStatus { src: peer, tag, sent: key.len, capacity: dst.len() as u64 };
                 let split = key.len >= SPLIT_MIN && dst.len() as u64 >= key.len && self.tp.split_rendezvous_to(peer);
                 let n = dst.len().min(key.len as usize);
+                tracing::debug!(rank = self.me, "rendezvous: reading {n} of {} bytes from rank {peer}{}", key.len, if split { " (split: it writes half)" } else { "" });
                 let mine = if split {
                     // Expose our buffer; the sender writes the second half while we read the first.
                     let half = (n / 2) & !63;
@@ -815,7 +826,7 @@ impl Engine {
         if self.outq[queue(dest, MsgKind::Eager)].is_empty() && self.tp.try_send(dest, &header, &data)? == SendOutcome::Sent {
             return Ok(());
         }
-        self.enqueue(dest, Outgoing { header, payload: Payload::Owned(data), completes: None });
+        self.enqueue(dest, Outgoing { header, payload: Payload::Owned(data), completes: None, since: Instant::now() });
         Ok(())
     }
 
@@ -868,6 +879,7 @@ fn peer_gone(peer: u32, what: &str, state: PeerState, pending: bool) -> Error {
         PeerState::Finalized => "it finalized without a matching operation",
         _ => "its process exited or was killed",
     };
+    crate::log::peer_lost(peer, reason, what);
     Error::PeerGone { rank: peer, world_rank: peer, during: what.to_owned(), reason: reason.into(), pending }
 }
 

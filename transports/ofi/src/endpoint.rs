@@ -217,13 +217,9 @@ impl OfiSetup {
                 source: std::io::Error::from(std::io::ErrorKind::InvalidInput),
             });
         }
-        if fmx_transport::settings::is_set("FMX_OFI_DEBUG") {
+        {
             let (fabric, domain) = info.fabric_and_domain();
-            eprintln!(
-                "fmx-ofi rank {}: provider {provider}, fabric {fabric}, domain {domain}, rma {rma}, mr_mode {:?}",
-                cfg.eager.rank,
-                info.mr_mode()
-            );
+            tracing::info!(rank = cfg.eager.rank, "provider {provider}, fabric {fabric}, domain {domain}, rma {rma}, mr_mode {:?}", info.mr_mode());
         }
         let inject = info.inject_size();
         let max_msg = info.max_msg_size();
@@ -289,7 +285,6 @@ impl OfiSetup {
             ops: Operations::default(),
             exposed: HashMap::new(),
             registry: Registry::default(),
-            debug: fmx_transport::settings::is_set("FMX_OFI_DEBUG"),
             peer_timeout: cfg.peer_timeout,
             recv_slots,
             ctrl_slots,
@@ -403,8 +398,6 @@ pub struct OfiEndpoint {
     exposed: HashMap<(u64, u64), Mr>,
     /// The core's registered buffers, by start address.
     registry: Registry<Mr>,
-    /// `FMX_OFI_DEBUG`: print every failed completion to stderr.
-    debug: bool,
     /// See [`OfiConfig::peer_timeout`].
     peer_timeout: Duration,
     recv_slots: usize,
@@ -588,17 +581,13 @@ impl OfiEndpoint {
         let Some(i) = self.ctx_index(err.op_context) else {
             // No context of ours: an inject (which has none) failed. Its peer is
             // unknown here; the next operation toward it reports the failure.
-            if self.debug {
-                eprintln!("fmx-ofi rank {}: failure without a context ({:?}): {status}", self.st.rank, err.op_context);
-            }
+            tracing::debug!(rank = self.st.rank, "failure without a context ({:?}): {status}", err.op_context);
             return Ok(());
         };
         if i < self.tx_base() {
             // A receive failed (canceled at close, or truncated): the sender is in the tag.
             let peer = (err.tag & RANK_BITS) as PeerId;
-            if self.debug {
-                eprintln!("fmx-ofi rank {}: receive from peer {peer} failed: {status}", self.st.rank);
-            }
+            tracing::debug!(rank = self.st.rank, "receive from peer {peer} failed: {status}");
             if err.err == sys::FI_ECANCELED as i32 {
                 return Ok(());
             }
@@ -615,9 +604,7 @@ impl OfiEndpoint {
             Tx::Slot(p, _) | Tx::Piece(p, _) | Tx::Mailbox(p) | Tx::Probe(p) | Tx::Serve(p) | Tx::Sink(p, _) => *p,
         };
         if let Some(status) = &failure {
-            if self.debug {
-                eprintln!("fmx-ofi rank {}: operation toward peer {peer} failed: {status}", self.st.rank);
-            }
+            tracing::debug!(rank = self.st.rank, "operation toward peer {peer} failed: {status}");
             self.mark_dead(peer, format!("libfabric provider {} reported: {status}", self.provider));
         }
         match what {

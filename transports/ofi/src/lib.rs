@@ -37,7 +37,7 @@
 //! `FMX_OFI_DOMAIN` (a comma-separated list is taken by rank), else the
 //! provider's first.
 //! Every rank must end up with the same provider (checked at connect).
-//! Settings: `FMX_OFI_PIECE_BYTES`, `FMX_OFI_RMA`, `FMX_OFI_PEER_TIMEOUT`, `FMX_OFI_DEBUG`, and the shared
+//! Settings: `FMX_OFI_PIECE_BYTES`, `FMX_OFI_RMA`, `FMX_OFI_PEER_TIMEOUT`, and the shared
 //! `FMX_POOL_SLOTS`, `FMX_SLOT_BYTES`, `FMX_NEWCOMER_CREDITS`, `FMX_CREDIT_THRESHOLD`.
 
 mod address;

@@ -319,6 +319,14 @@ impl VerbsSetup {
                     what: format!("connect the queue pair to rank {r} (device {}, port {})", self.chosen.ctx.name, self.chosen.port),
                     source: e,
                 })?;
+                tracing::debug!(
+                    rank = me,
+                    "queue pair to rank {r} connected: device {} port {}, remote QPN {qpn:#x}, MTU {}, GID {}",
+                    self.chosen.ctx.name,
+                    self.chosen.port,
+                    128u32 << path.mtu,
+                    std::net::Ipv6Addr::from(path.gid)
+                );
             }
             decoded.push(a);
         }
@@ -364,7 +372,6 @@ impl VerbsSetup {
             ops: Operations::default(),
             exposed: HashMap::new(),
             registry: Registry::default(),
-            debug: fmx_transport::settings::is_set("FMX_VERBS_DEBUG"),
             send_pool,
             bounce,
             recv_mr: self.recv_mr,
@@ -411,8 +418,6 @@ pub struct VerbsEndpoint {
     /// By (address, key): one buffer may be exposed several times at once (a window of sends).
     exposed: HashMap<(u64, u64), Exposure>,
     registry: Registry<Mr>,
-    /// `FMX_VERBS_DEBUG`: print every failed completion to stderr.
-    debug: bool,
     send_pool: Pool<VerbsHook>,
     bounce: Pool<VerbsHook>,
     recv_mr: Mr,
@@ -533,13 +538,8 @@ impl VerbsEndpoint {
                 let peer = (wc.wr_id() >> PEER_SHIFT) as PeerId;
                 let seq = wc.wr_id() & ((1 << PEER_SHIFT) - 1);
                 let failure = wc.error().map(|(status, vendor)| {
-                    if self.debug {
-                        eprintln!(
-                            "fmx-verbs rank {}: send completion toward peer {peer} seq {seq}: {} (vendor {vendor:#x})",
-                            self.st.rank,
-                            status_name(status)
-                        );
-                    }
+                    let rank = self.st.rank;
+                    tracing::debug!(rank, "send completion toward peer {peer} seq {seq}: {} (vendor {vendor:#x})", status_name(status));
                     status_name(status)
                 });
                 self.complete_through(peer, seq, failure);
@@ -724,13 +724,7 @@ impl RdmaDevice for VerbsEndpoint {
                     }
                 };
                 if let Some((status, vendor)) = wc.error() {
-                    if self.debug {
-                        eprintln!(
-                            "fmx-verbs rank {}: receive completion from peer {peer}: {} (vendor {vendor:#x})",
-                            self.st.rank,
-                            status_name(status)
-                        );
-                    }
+                    tracing::debug!(rank = self.st.rank, "receive completion from peer {peer}: {} (vendor {vendor:#x})", status_name(status));
                     let reason = status_name(status);
                     let flushed = reason.starts_with("flushed");
                     self.st.mark_dead(peer, format!("device {} reported on receive: {reason}", self.device), flushed);

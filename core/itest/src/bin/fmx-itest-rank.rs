@@ -155,6 +155,7 @@ fn main() {
         "spawn-child" => fmx_itest::launchers::spawn_child(&fmx),
         "p2p-order" => p2p_order(w),
         "zero" => zero(w),
+        "credit-stall" => credit_stall(w),
         "truncate" => truncate(w),
         "sizes" => sizes(w),
         "coll" => coll(w),
@@ -282,6 +283,34 @@ fn zero(w: &Comm) -> R {
         check!(st.count == 0 && st.tag == 2 && big == [9; 4], "{st:?} {big:?}");
     }
     Ok(())
+}
+
+/// Rank 0 sends 8 eager messages to rank 1, which sleeps 300 ms before
+/// taking them: with one slot per peer (FMX_POOL_SLOTS = n - 1), rank 0's
+/// second send waits for a credit at least that long (FMX_LOG reports it).
+fn credit_stall(w: &Comm) -> R {
+    match w.rank() {
+        0 => {
+            let msgs: Vec<u64> = (0..8).collect();
+            w.scope(|s| {
+                for m in &msgs {
+                    let _ = s.isend(std::slice::from_ref(m), 1, 7)?;
+                }
+                Ok(())
+            })
+            .map_err(e2s)?;
+        }
+        1 => {
+            std::thread::sleep(std::time::Duration::from_millis(300));
+            for i in 0..8u64 {
+                let mut b = [0u64];
+                w.recv(&mut b, 0, 7).map_err(e2s)?;
+                check!(b[0] == i, "message {i} arrived as {}", b[0]);
+            }
+        }
+        _ => {}
+    }
+    w.barrier().map_err(e2s)
 }
 
 fn truncate(w: &Comm) -> R {

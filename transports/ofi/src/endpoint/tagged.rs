@@ -126,11 +126,12 @@ impl OfiEndpoint {
             _ => return Err(TransportError::Malformed { peer, what: "unknown libfabric control message" }),
         }
         match self.post_ctrl_recv(i) {
-            Ok(Posted::Again) if self.debug => {
-                eprintln!("fmx-ofi rank {}: control receive {i} not reposted", self.st.rank);
+            Ok(Posted::Again) => {
+                // The pool is one buffer smaller until the endpoint closes (rare, harmless).
+                tracing::debug!(rank = self.st.rank, "control receive {i} not reposted");
                 Ok(())
             }
-            Ok(_) => Ok(()), // Again: the pool is one buffer smaller until the endpoint closes (rare, harmless)
+            Ok(_) => Ok(()),
             Err(rc) => Err(crate::fabric::fail("repost a control receive", &self.provider, rc)),
         }
     }
@@ -149,9 +150,7 @@ impl OfiEndpoint {
 
     fn serve_get(&mut self, peer: PeerId, addr: u64, len: u64, key: u64, id: u64) -> Result<(), TransportError> {
         let Some((ptr, desc)) = self.exposure_range(key, addr, len, false) else {
-            if self.debug {
-                eprintln!("fmx-ofi rank {}: GET from {peer} for key {key} outside what is exposed", self.st.rank);
-            }
+            tracing::debug!(rank = self.st.rank, "GET from {peer} for key {key} outside what is exposed");
             let _ = self.ctrl(peer, &encode(NACK, id, 0, 0, 0))?;
             return Ok(());
         };
