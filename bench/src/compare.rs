@@ -54,6 +54,79 @@ pub struct Args {
     /// Also draw every sweep (fmx and the peers, latency and bandwidth) into FILE (.svg, or .png through rsvg-convert)
     #[arg(long, value_name = "FILE")]
     pub plot: Option<PathBuf>,
+    /// Instead: tail latency at the first of --sizes, perftest's statistics from per-iteration timings, fmx beside each peer
+    #[arg(long)]
+    pub tail: bool,
+    /// Interleaved runs per side for --tail (medians and ranges are shown)
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u64).range(1..))]
+    pub reps: u64,
+    /// Timed round trips per run for --tail
+    #[arg(long, default_value_t = 20_000, value_parser = crate::cli::at_least_one)]
+    pub tail_iterations: u64,
+}
+
+/// perftest's columns of one stats row: (t_typical, t_avg, p99, p99.9).
+fn stats_row(out: &str, size: usize) -> Option<[f64; 4]> {
+    out.lines().filter(|l| !l.trim_start().starts_with('#')).find_map(|l| {
+        let v: Vec<f64> = l.split_whitespace().filter_map(|x| x.parse().ok()).collect();
+        (v.len() == 9 && v[0] as usize == size).then(|| [v[4], v[5], v[7], v[8]])
+    })
+}
+
+/// `compare --tail`: per side, median [range] of t_typical, t_avg, p99 and p99.9.
+fn tail(a: &Args) -> Result<(), String> {
+    let size = a.sizes.first().copied().unwrap_or(8);
+    let iters = a.tail_iterations.to_string();
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let mut sides: Vec<(String, Vec<[f64; 4]>)> = vec![("fmx".into(), Vec::new())];
+    let mut peers = Vec::new();
+    for mpi in Mpi::ALL {
+        match mpi.build("osu_peer", &["-Wno-stringop-overflow"]) {
+            Ok(bin) => {
+                peers.push((mpi, bin));
+                sides.push((mpi.name().into(), Vec::new()));
+            }
+            Err(e) => println!("Not compared: {e}"),
+        }
+    }
+    for _ in 0..a.reps {
+        let out = crate::peers::run(Command::new(&exe).args(["latency", "-m", &format!("{size}:{size}"), "-i", &iters, "-x", "1000", "--stats"]))?;
+        sides[0].1.push(stats_row(&out, size).ok_or_else(|| format!("fmx-perf printed no stats row:\n{out}"))?);
+        for (i, (mpi, bin)) in peers.iter().enumerate() {
+            let mut c = mpi.launcher()?;
+            match mpi {
+                Mpi::Mpich => c.args(["-n", "2", "-bind-to", "core"]),
+                Mpi::OpenMpi => c.args(["-n", "2", "--bind-to", "core"]).args(OMPI_SHM),
+            };
+            let out = crate::peers::run(c.arg(bin).args(["latency", &size.to_string(), &iters, "stats"]))?;
+            sides[i + 1].1.push(stats_row(&out, size).ok_or_else(|| format!("{} printed no stats row:\n{out}", mpi.name()))?);
+        }
+    }
+    let cell = |runs: &[[f64; 4]], k: usize| {
+        let mut v: Vec<f64> = runs.iter().map(|r| r[k]).collect();
+        v.sort_by(f64::total_cmp);
+        (v[v.len() / 2], v[0], v[v.len() - 1])
+    };
+    let mut t = format!(
+        "{size} B ping-pong, {iters} timed round trips per run, {} interleaved runs per side: median [range] in us, \
+         half round trips timed one by one.\n\n| side | t_typical | t_avg | p99 | p99.9 | p99 vs fmx | p99.9 vs fmx |\n|---|---:|---:|---:|---:|---:|---:|\n",
+        a.reps
+    );
+    let fmx_p = (cell(&sides[0].1, 2).0, cell(&sides[0].1, 3).0);
+    for (name, runs) in &sides {
+        t.push_str(&format!("| {name} |"));
+        for k in 0..4 {
+            let (m, lo, hi) = cell(runs, k);
+            t.push_str(&format!(" {m:.2} [{lo:.2}-{hi:.2}] |"));
+        }
+        t.push_str(&format!(" {:.2}x | {:.2}x |\n", cell(runs, 2).0 / fmx_p.0, cell(runs, 3).0 / fmx_p.1));
+    }
+    t.push_str("\nA ratio above 1 means the side's tail is longer than fmx's.\n");
+    print!("{t}");
+    if let Some(path) = &a.update_readme {
+        crate::report::update_readme(path, "tail-table", &t)?;
+    }
+    Ok(())
 }
 
 /// Entry point of `fmx-perf compare`.
@@ -61,6 +134,9 @@ pub fn main(a: &Args) -> Result<(), String> {
     let (sizes, readme, peers) = (a.sizes.clone(), a.update_readme.clone(), !a.no_peers);
     if let Some(d) = &a.peer_src {
         crate::peers::set_peer_src(d.clone());
+    }
+    if a.tail {
+        return tail(a);
     }
     let max = sizes.iter().copied().max().unwrap_or(8).next_power_of_two();
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;

@@ -101,7 +101,7 @@ impl Mpi {
         };
         let tag = if self == Mpi::Mpich { "mpich" } else { "openmpi" };
         let out = dir.join(format!("{stem}_{tag}"));
-        run(Command::new(cc).arg("-O2").args(flags).arg("-o").arg(&out).arg(&src))?;
+        run(Command::new(cc).arg("-O2").args(flags).arg("-o").arg(&out).arg(&src).arg("-lm"))?;
         Ok(out)
     }
 }
