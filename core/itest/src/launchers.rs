@@ -1,5 +1,5 @@
 //! Rank-program scenarios about the process managers that start fmx jobs
-//! (fmxrun, Hydra, Slurm): what each rank learns, and spawning a new world.
+//! (fmxrun, Hydra, Slurm, Open MPI): what each rank learns, and spawning a new world.
 
 use std::io::{BufRead, BufReader, Write};
 use std::net::{TcpListener, TcpStream};
@@ -28,13 +28,31 @@ pub fn identity(fmx: &Fmx) -> Result<(), String> {
         loc.local_rank,
         loc.local_size
     );
-    for (var, got) in [("PMI_RANK", w.rank()), ("PMI_SIZE", w.size()), ("FMX_RANK", w.rank()), ("FMX_SIZE", w.size())] {
+    let each_launchers_own = [
+        ("PMI_RANK", w.rank()),
+        ("PMI_SIZE", w.size()),
+        ("FMX_RANK", w.rank()),
+        ("FMX_SIZE", w.size()),
+        ("PMIX_RANK", w.rank()),
+        ("OMPI_COMM_WORLD_RANK", w.rank()),
+        ("OMPI_COMM_WORLD_SIZE", w.size()),
+        ("SLURM_PROCID", w.rank()),
+        ("SLURM_STEP_NUM_TASKS", w.size()),
+    ];
+    for (var, got) in each_launchers_own {
         if let Some(want) = env_u32(var).filter(|&want| want != got) {
             return Err(format!("{var}={want} but fmx says {got}"));
         }
     }
-    // Hydra and Slurm say where we are on the node; fmx learns it from PMI_process_mapping.
-    for (var, got) in [("MPI_LOCALRANKID", loc.local_rank), ("SLURM_LOCALID", loc.local_rank), ("MPI_LOCALNRANKS", loc.local_size)] {
+    // Hydra, Slurm and Open MPI say where we are on the node; fmx learns it
+    // from PMI_process_mapping or PMIx's node map.
+    for (var, got) in [
+        ("MPI_LOCALRANKID", loc.local_rank),
+        ("SLURM_LOCALID", loc.local_rank),
+        ("MPI_LOCALNRANKS", loc.local_size),
+        ("OMPI_COMM_WORLD_LOCAL_RANK", loc.local_rank),
+        ("OMPI_COMM_WORLD_LOCAL_SIZE", loc.local_size),
+    ] {
         if let Some(want) = env_u32(var).filter(|&want| want != got) {
             return Err(format!("{var}={want} but fmx's locality says {got}"));
         }

@@ -178,3 +178,25 @@ fn launchers_fmx_cannot_use_are_refused_by_name() {
     let e = broken(&[("SLURM_STEP_NUM_TASKS", "4"), ("SLURM_NTASKS", "4"), ("SLURM_PROCID", "1")], Stdio::null());
     assert!(e.contains("started by srun with 4 tasks but no PMI") && e.contains("srun --mpi=pmi2"), "{e}");
 }
+
+/// Real Open MPI `mpirun` on a build without the `pmix` feature: the ranks
+/// refuse, naming the launcher and the fix, instead of running as 4 worlds
+/// of one. (mpirun ends the job when the first rank fails, so a slow rank
+/// may be killed before it says so: at least one message, no OK.)
+#[cfg(not(feature = "pmix"))]
+#[test]
+#[ignore = "needs Open MPI's mpirun: scripts/test-all installs it and runs these"]
+fn mpirun_on_a_build_without_pmix_is_refused() {
+    let mut c = Command::new("timeout");
+    c.args(["120", "mpirun.openmpi", "--oversubscribe", "--mca", "oob_tcp_if_include", "lo", "--mca", "btl_tcp_if_include", "lo"]);
+    c.args(["-np", "4", RANK, "identity"]);
+    c.env("OMPI_ALLOW_RUN_AS_ROOT", "1").env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1");
+    c.env_remove("FMX_RENDEZVOUS").env_remove("PMI_FD").env_remove("FMX_PMI");
+    let o = c.output().expect("running timeout mpirun.openmpi");
+    assert_ne!(o.status.code(), Some(127), "mpirun.openmpi is missing: scripts/ensure-packages pmix installs Open MPI");
+    assert!(!o.status.success(), "four worlds of one ran:\n{}", text(&o));
+    let why = "started by Open MPI's mpirun with 4 processes (OMPI_COMM_WORLD_SIZE=4), but this build of fmx has no PMIx client: \
+               build fmx with the cargo feature `pmix`";
+    assert!(text(&o).contains(why), "{}", text(&o));
+    assert_eq!(count(&o, "OK identity"), 0, "{}", text(&o));
+}

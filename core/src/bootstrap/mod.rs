@@ -3,11 +3,15 @@
 //!
 //! Backends, picked from the environment in this order: `fmxrun`
 //! (`FMX_RENDEZVOUS` set); a PMI process manager (`PMI_FD` set: Hydra's
-//! PMI-1, Slurm's PMI-2); otherwise a lone process is a world of one,
-//! unless the environment shows a launcher fmx cannot use (`unclaimed`).
+//! PMI-1, Slurm's PMI-2); a PMIx server (`PMIX_*` set, in a build with the
+//! `pmix` feature: Open MPI's mpirun, `srun --mpi=pmix`); otherwise a lone
+//! process is a world of one, unless the environment shows a launcher fmx
+//! cannot use (`unclaimed`).
 
 mod fmxrun;
 mod pmi;
+#[cfg(feature = "pmix")]
+mod pmix;
 mod unclaimed;
 mod user;
 pub(crate) mod wire;
@@ -39,11 +43,25 @@ pub(crate) fn describe_launcher() -> String {
             "a PMI process manager (PMI_FD={fd}, PMI_RANK={}, FMX_PMI={v}: Hydra answers PMI-1, Slurm PMI-2)",
             env("PMI_RANK").as_deref().unwrap_or("?")
         )
+    } else if cfg!(feature = "pmix") && pmix_started() {
+        format!("a PMIx server (PMIX_NAMESPACE={}, PMIX_RANK={})", env("PMIX_NAMESPACE").as_deref().unwrap_or("?"), env("PMIX_RANK").as_deref().unwrap_or("?"))
     } else if let Some(why) = unclaimed::unusable_launcher(|k| std::env::var(k).ok()) {
         format!("refused: {why}")
     } else {
         "none: a process started alone is a world of one (start jobs with fmxrun, mpiexec.hydra or srun --mpi=pmi2)".into()
     }
+}
+
+/// Whether a launcher started this process: fmxrun, a PMI or (in a build
+/// with `pmix`) PMIx process manager, or one that `init` would refuse. Then
+/// `fmx::init` joins that job or fails; otherwise it makes a world of one.
+/// Programs that start their own ranks when run alone (fmx-perf) ask this
+/// first, so that under `mpiexec`, `srun` or `mpirun` they measure instead.
+pub fn started_by_launcher() -> bool {
+    fmx_transport::settings::is_set(ENV_RENDEZVOUS)
+        || std::env::var_os("PMI_FD").is_some()
+        || pmix_started()
+        || unclaimed::unusable_launcher(|k| std::env::var(k).ok()).is_some()
 }
 
 /// The bootstrap of this process.
@@ -54,6 +72,9 @@ pub(crate) enum Bootstrap {
     Fmxrun(fmxrun::Client),
     /// Started by a PMI process manager (Hydra, Slurm).
     Pmi(pmi::Client),
+    /// Started by a PMIx server (Open MPI's mpirun, srun --mpi=pmix).
+    #[cfg(feature = "pmix")]
+    Pmix(pmix::Client),
     /// The program's own bootstrap (`init_with_bootstrap`).
     User(user::User),
 }
@@ -65,6 +86,8 @@ impl Bootstrap {
             Ok(Self::Fmxrun(fmxrun::Client::connect_from_env()?))
         } else if std::env::var_os("PMI_FD").is_some() {
             Ok(Self::Pmi(pmi::Client::connect_from_env()?))
+        } else if pmix_started() {
+            Self::from_pmix()
         } else if let Some(why) = unclaimed::unusable_launcher(|k| std::env::var(k).ok()) {
             Err(Error::Bootstrap(why))
         } else {
@@ -82,6 +105,8 @@ impl Bootstrap {
             Self::Single => 0,
             Self::Fmxrun(c) => c.rank,
             Self::Pmi(c) => c.rank,
+            #[cfg(feature = "pmix")]
+            Self::Pmix(c) => c.rank,
             Self::User(c) => c.rank,
         }
     }
@@ -91,6 +116,8 @@ impl Bootstrap {
             Self::Single => 1,
             Self::Fmxrun(c) => c.size,
             Self::Pmi(c) => c.size,
+            #[cfg(feature = "pmix")]
+            Self::Pmix(c) => c.size,
             Self::User(c) => c.size,
         }
     }
@@ -101,6 +128,8 @@ impl Bootstrap {
             Self::Single => format!("single{}", std::process::id()),
             Self::Fmxrun(c) => c.job.clone(),
             Self::Pmi(c) => format!("pmi{}", c.job.replace(|ch: char| !ch.is_ascii_alphanumeric(), "_")),
+            #[cfg(feature = "pmix")]
+            Self::Pmix(c) => format!("pmix{}", c.job.replace(|ch: char| !ch.is_ascii_alphanumeric(), "_")),
             Self::User(c) => format!("user{}", c.job),
         }
     }
@@ -116,6 +145,8 @@ impl Bootstrap {
             Self::Single => Ok(vec![blob.to_vec()]),
             Self::Fmxrun(c) => c.allgather(blob),
             Self::Pmi(c) => c.allgather(blob),
+            #[cfg(feature = "pmix")]
+            Self::Pmix(c) => c.allgather(blob),
             Self::User(c) => c.allgather(blob),
         }
     }
@@ -125,6 +156,8 @@ impl Bootstrap {
             Self::Single => Ok(()),
             Self::Fmxrun(c) => c.barrier(),
             Self::Pmi(c) => c.barrier(),
+            #[cfg(feature = "pmix")]
+            Self::Pmix(c) => c.barrier(),
             Self::User(c) => c.barrier(),
         }
     }
@@ -134,6 +167,8 @@ impl Bootstrap {
             Self::Single => Ok(()),
             Self::Fmxrun(c) => c.finalize(),
             Self::Pmi(c) => c.finalize(),
+            #[cfg(feature = "pmix")]
+            Self::Pmix(c) => c.barrier(),
             Self::User(c) => c.barrier(),
         }
     }
@@ -145,6 +180,8 @@ impl Bootstrap {
     pub(crate) fn finalize_watching(&mut self, watch: pmi::Watch) -> Result<()> {
         match self {
             Self::Pmi(c) => c.finalize_watching(watch),
+            #[cfg(feature = "pmix")]
+            Self::Pmix(c) => c.finalize_watching(watch),
             _ => self.finalize(),
         }
     }
@@ -154,7 +191,7 @@ impl Bootstrap {
     pub(crate) fn link(&self) -> Option<std::rc::Rc<Link>> {
         match self {
             Self::Fmxrun(c) => Some(c.link()),
-            Self::Single | Self::Pmi(_) | Self::User(_) => None,
+            _ => None,
         }
     }
 
@@ -170,6 +207,8 @@ impl Bootstrap {
     pub(crate) fn nodes(&self) -> Vec<u32> {
         match self {
             Self::Pmi(c) => c.nodes.clone(),
+            #[cfg(feature = "pmix")]
+            Self::Pmix(c) => c.nodes.clone(),
             Self::User(c) => c.nodes.clone(),
             Self::Single | Self::Fmxrun(_) => vec![0; self.size() as usize],
         }
@@ -181,19 +220,28 @@ impl Bootstrap {
             Self::Single => "single",
             Self::Fmxrun(_) => "fmxrun",
             Self::Pmi(c) => c.version_name(),
+            #[cfg(feature = "pmix")]
+            Self::Pmix(_) => "PMIx",
             Self::User(_) => "program",
         }
     }
 
     /// Whether this world was started by another one's spawn request.
     pub(crate) fn spawned(&self) -> bool {
-        matches!(self, Self::Pmi(c) if c.spawned)
+        match self {
+            Self::Pmi(c) => c.spawned,
+            #[cfg(feature = "pmix")]
+            Self::Pmix(c) => c.spawned,
+            _ => false,
+        }
     }
 
     /// Asks the process manager to start a new world.
     pub(crate) fn spawn(&mut self, req: &SpawnRequest) -> Result<()> {
         match self {
             Self::Pmi(c) => c.spawn(req),
+            #[cfg(feature = "pmix")]
+            Self::Pmix(c) => c.spawn(req),
             Self::Single => Err(Error::Launch("spawn: this process was started alone, with no process manager to ask".into())),
             Self::User(_) => {
                 Err(Error::Launch("spawn: fmx was started through the program's bootstrap, which has no process manager to ask".into()))
@@ -214,7 +262,7 @@ impl Bootstrap {
             Self::Single => Err(Error::Launch(
                 "spawn_world: this process was started alone; start it with fmxrun, which acts as the process manager".into(),
             )),
-            Self::Pmi(_) | Self::User(_) => Err(Error::Launch(format!(
+            _ => Err(Error::Launch(format!(
                 "spawn_world: {} started this process; only fmxrun can start a world connected to this one (use fmxrun -n N)",
                 self.name()
             ))),
@@ -230,8 +278,31 @@ impl Bootstrap {
     pub(crate) fn parent_value(&mut self, key: &str) -> Result<Option<String>> {
         match self {
             Self::Pmi(c) => c.parent_value(key),
+            #[cfg(feature = "pmix")]
+            Self::Pmix(c) => Ok(c.parent_value(key)),
             Self::Single | Self::Fmxrun(_) | Self::User(_) => Ok(None),
         }
+    }
+}
+
+/// A PMIx server started this process (its variables are set). Without the
+/// `pmix` feature this is never taken: `unclaimed` refuses such a process.
+fn pmix_started() -> bool {
+    #[cfg(feature = "pmix")]
+    return pmix::started_by_pmix();
+    #[cfg(not(feature = "pmix"))]
+    false
+}
+
+impl Bootstrap {
+    #[cfg(feature = "pmix")]
+    fn from_pmix() -> Result<Self> {
+        Ok(Self::Pmix(pmix::Client::connect_from_env()?))
+    }
+
+    #[cfg(not(feature = "pmix"))]
+    fn from_pmix() -> Result<Self> {
+        unreachable!("pmix_started() is false without the pmix feature")
     }
 }
 

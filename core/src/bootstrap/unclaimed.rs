@@ -27,7 +27,7 @@ pub(crate) fn unusable_launcher(var: impl Fn(&str) -> Option<String>) -> Option<
         return Some(match pmix {
             Some(v) => format!(
                 "started by srun with {n} tasks over PMIx ({v} is set: srun --mpi=pmix), but this build of fmx has no PMIx client: \
-                 run `srun --mpi=pmi2`"
+                 run `srun --mpi=pmi2`, or build fmx with the cargo feature `pmix`"
             ),
             None => format!("started by srun with {n} tasks but no PMI (PMI_FD is not set): run `srun --mpi=pmi2`"),
         });
@@ -43,8 +43,8 @@ pub(crate) fn unusable_launcher(var: impl Fn(&str) -> Option<String>) -> Option<
             (None, None) => unreachable!("one of them is set"),
         };
         return Some(format!(
-            "started by {what}, but this build of fmx has no PMIx client: start it with fmxrun, with MPICH's mpiexec \
-             (PMI-1 or PMI-2), or with `srun --mpi=pmi2`"
+            "started by {what}, but this build of fmx has no PMIx client: build fmx with the cargo feature `pmix`, \
+             or start it with fmxrun, with MPICH's mpiexec (PMI-1 or PMI-2), or with `srun --mpi=pmi2`"
         ));
     }
     if let Some(port) = var("PMI_PORT") {

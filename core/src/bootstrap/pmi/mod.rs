@@ -113,6 +113,15 @@ fn env_u32(name: &str) -> Result<Option<u32>> {
     }
 }
 
+/// How long one request to the process manager may wait (`FMX_PMI_TIMEOUT`, PMIx's too).
+pub(crate) fn timeout_from_env() -> Result<Duration> {
+    match env_u32(ENV_PMI_TIMEOUT)? {
+        Some(0) => Err(Error::Bootstrap(format!("{ENV_PMI_TIMEOUT}=0: the timeout must be at least 1 second"))),
+        Some(s) => Ok(Duration::from_secs(s.into())),
+        None => Ok(Duration::from_secs(120)),
+    }
+}
+
 /// The version to speak, from `FMX_PMI` or the launcher's variables.
 fn version_from_env() -> Result<Version> {
     match fmx_transport::settings::var(ENV_PMI).as_deref().map(str::trim) {
@@ -135,11 +144,7 @@ impl Client {
     pub(crate) fn connect_from_env() -> Result<Self> {
         let version = version_from_env()?;
         let stream = fd::inherited_socket("PMI_FD")?;
-        let timeout = match env_u32(ENV_PMI_TIMEOUT)? {
-            Some(0) => return Err(Error::Bootstrap(format!("{ENV_PMI_TIMEOUT}=0: the timeout must be at least 1 second"))),
-            Some(s) => Duration::from_secs(s.into()),
-            None => Duration::from_secs(120),
-        };
+        let timeout = timeout_from_env()?;
         let hints = EnvHints {
             rank: env_u32("PMI_RANK")?,
             size: env_u32("PMI_SIZE")?,
