@@ -29,8 +29,7 @@ pub struct Args {
 /// running the same command line.
 pub fn main(a: &Args) -> std::result::Result<(), String> {
     let e2s = |e: fmx::Error| e.to_string();
-    let launched = ["FMX_RANK", "PMI_FD"].iter().any(|v| std::env::var_os(v).is_some());
-    if !launched {
+    if !fmx::started_by_launcher() {
         return crate::peers::launch_self(a.np, None);
     }
     let fmx = fmx::init().map_err(e2s)?;

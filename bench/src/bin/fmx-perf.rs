@@ -45,7 +45,7 @@ fn run_rank(p: &Params) -> Result<(), String> {
 /// A point-to-point test: under a launcher, measure; alone, start `ranks` of our own.
 fn perf(test: Test, a: &PerfArgs, ranks: u32) -> Result<(), String> {
     let p = Params::from_args(test, a)?;
-    if std::env::var_os("FMX_RANK").is_some() {
+    if fmx::started_by_launcher() {
         run_rank(&p)
     } else {
         peers::launch_self(ranks, a.transport.clone())
