@@ -7,6 +7,8 @@ use std::os::fd::AsFd;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
+use super::launcher::{BoxError, Launcher};
+use super::pmi::SpawnRequest;
 use super::wire::{self, Notice, OP_ABORT, OP_ALLGATHER, OP_BARRIER, OP_ERROR, OP_FINALIZE, OP_HELLO, OP_NOTICE, OP_SPAWN};
 use crate::error::{Error, Result};
 use crate::failure::Failure;
@@ -276,5 +278,52 @@ mod tests {
             assert!(e.to_string().contains(ENV_BOOT_TIMEOUT), "trickle={trickle}: {e}");
             server.join().unwrap();
         }
+    }
+}
+
+impl super::UserBootstrap for Client {
+    fn rank(&self) -> u32 {
+        self.rank
+    }
+    fn size(&self) -> u32 {
+        self.size
+    }
+    /// fmxrun starts every rank on this host.
+    fn nodes(&self) -> Vec<u32> {
+        vec![0; self.size as usize]
+    }
+    fn job_id(&self) -> String {
+        self.job.clone()
+    }
+    fn allgather(&mut self, blob: &[u8]) -> std::result::Result<Vec<Vec<u8>>, BoxError> {
+        Ok(Client::allgather(self, blob)?)
+    }
+    fn barrier(&mut self) -> std::result::Result<(), BoxError> {
+        Ok(Client::barrier(self)?)
+    }
+}
+
+impl Launcher for Client {
+    fn name(&self) -> &'static str {
+        "fmxrun"
+    }
+    fn finalize(&mut self) -> Result<()> {
+        Client::finalize(self)
+    }
+    fn spawn(&mut self, _req: &SpawnRequest) -> Result<()> {
+        Err(Error::Launch(
+            "spawn: under fmxrun a new world of this program comes from Fmx::spawn_world (connected by an intercommunicator); \
+             Fmx::spawn (any program, PMI values) needs Hydra (mpiexec)"
+                .into(),
+        ))
+    }
+    fn spawn_world(&mut self, np: u32, bridge: bool, values: &str) -> Result<Option<(String, String)>> {
+        Client::spawn_world(self, np, bridge, values)
+    }
+    fn link(&self) -> Option<Rc<Link>> {
+        Some(Client::link(self))
+    }
+    fn abort(&self, why: &str) {
+        Client::abort(self, why);
     }
 }

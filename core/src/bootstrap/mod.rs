@@ -6,9 +6,12 @@
 //! PMI-1, Slurm's PMI-2); a PMIx server (`PMIX_*` set, in a build with the
 //! `pmix` feature: Open MPI's mpirun, `srun --mpi=pmix`); otherwise a lone
 //! process is a world of one, unless the environment shows a launcher fmx
-//! cannot use (`unclaimed`).
+//! cannot use (`unclaimed`). Each backend implements the public
+//! [`UserBootstrap`], the trait a program's own bootstrap implements, and
+//! the crate's `Launcher` for what a process manager adds (`launcher.rs`).
 
 mod fmxrun;
+mod launcher;
 mod pmi;
 #[cfg(feature = "pmix")]
 mod pmix;
@@ -29,6 +32,7 @@ pub use pmi::SpawnRequest;
 pub use user::UserBootstrap;
 
 use crate::error::{Error, Result};
+use launcher::Launcher;
 
 /// Which launcher started this process and what fmx would do under it, in
 /// words (for fmx-info); reads the environment only.
@@ -64,74 +68,51 @@ pub fn started_by_launcher() -> bool {
         || unclaimed::unusable_launcher(|k| std::env::var(k).ok()).is_some()
 }
 
-/// The bootstrap of this process.
-pub(crate) enum Bootstrap {
-    /// Started alone: a world of one.
-    Single,
-    /// Started by fmxrun.
-    Fmxrun(fmxrun::Client),
-    /// Started by a PMI process manager (Hydra, Slurm).
-    Pmi(pmi::Client),
-    /// Started by a PMIx server (Open MPI's mpirun, srun --mpi=pmix).
-    #[cfg(feature = "pmix")]
-    Pmix(pmix::Client),
-    /// The program's own bootstrap (`init_with_bootstrap`).
-    User(user::User),
-}
+/// The bootstrap of this process: whichever [`Launcher`] started it.
+pub(crate) struct Bootstrap(Box<dyn Launcher>);
 
 impl Bootstrap {
     /// Picks the backend from the environment.
     pub(crate) fn from_env() -> Result<Self> {
         if fmx_transport::settings::is_set(ENV_RENDEZVOUS) {
-            Ok(Self::Fmxrun(fmxrun::Client::connect_from_env()?))
+            Ok(Self(Box::new(fmxrun::Client::connect_from_env()?)))
         } else if std::env::var_os("PMI_FD").is_some() {
-            Ok(Self::Pmi(pmi::Client::connect_from_env()?))
+            Ok(Self(Box::new(pmi::Client::connect_from_env()?)))
         } else if pmix_started() {
             Self::from_pmix()
         } else if let Some(why) = unclaimed::unusable_launcher(|k| std::env::var(k).ok()) {
             Err(Error::Bootstrap(why))
         } else {
-            Ok(Self::Single)
+            Ok(Self(Box::new(launcher::Single)))
         }
     }
 
     /// The program's bootstrap, checked.
     pub(crate) fn user(b: Box<dyn UserBootstrap>) -> Result<Self> {
-        Ok(Self::User(user::User::new(b)?))
+        Ok(Self(Box::new(user::User::new(b)?)))
+    }
+
+    /// Joins a bridge group (two worlds at once) served by fmxrun at `addr`.
+    pub(crate) fn bridge(addr: &str, rank: u32, size: u32, job: String) -> Result<Self> {
+        Ok(Self(Box::new(fmxrun::Client::connect(addr, rank, size, job)?)))
     }
 
     pub(crate) fn rank(&self) -> u32 {
-        match self {
-            Self::Single => 0,
-            Self::Fmxrun(c) => c.rank,
-            Self::Pmi(c) => c.rank,
-            #[cfg(feature = "pmix")]
-            Self::Pmix(c) => c.rank,
-            Self::User(c) => c.rank,
-        }
+        self.0.rank()
     }
 
     pub(crate) fn size(&self) -> u32 {
-        match self {
-            Self::Single => 1,
-            Self::Fmxrun(c) => c.size,
-            Self::Pmi(c) => c.size,
-            #[cfg(feature = "pmix")]
-            Self::Pmix(c) => c.size,
-            Self::User(c) => c.size,
-        }
+        self.0.size()
     }
 
     /// A job id unique on this host (names shared-memory files).
     pub(crate) fn job_id(&self) -> String {
-        match self {
-            Self::Single => format!("single{}", std::process::id()),
-            Self::Fmxrun(c) => c.job.clone(),
-            Self::Pmi(c) => format!("pmi{}", c.job.replace(|ch: char| !ch.is_ascii_alphanumeric(), "_")),
-            #[cfg(feature = "pmix")]
-            Self::Pmix(c) => format!("pmix{}", c.job.replace(|ch: char| !ch.is_ascii_alphanumeric(), "_")),
-            Self::User(c) => format!("user{}", c.job),
-        }
+        self.0.job_id()
+    }
+
+    /// Node index of every rank (all 0 when every rank shares this host).
+    pub(crate) fn nodes(&self) -> Vec<u32> {
+        self.0.nodes()
     }
 
     /// Transport asked for by the launcher, if any.
@@ -141,147 +122,51 @@ impl Bootstrap {
 
     /// Everyone's blob, in rank order.
     pub(crate) fn allgather(&mut self, blob: &[u8]) -> Result<Vec<Vec<u8>>> {
-        match self {
-            Self::Single => Ok(vec![blob.to_vec()]),
-            Self::Fmxrun(c) => c.allgather(blob),
-            Self::Pmi(c) => c.allgather(blob),
-            #[cfg(feature = "pmix")]
-            Self::Pmix(c) => c.allgather(blob),
-            Self::User(c) => c.allgather(blob),
-        }
+        self.0.allgather(blob).map_err(|e| launcher::fmx_error(e, "allgather"))
     }
 
     pub(crate) fn barrier(&mut self) -> Result<()> {
-        match self {
-            Self::Single => Ok(()),
-            Self::Fmxrun(c) => c.barrier(),
-            Self::Pmi(c) => c.barrier(),
-            #[cfg(feature = "pmix")]
-            Self::Pmix(c) => c.barrier(),
-            Self::User(c) => c.barrier(),
-        }
+        self.0.barrier().map_err(|e| launcher::fmx_error(e, "barrier"))
     }
 
-    pub(crate) fn finalize(&mut self) -> Result<()> {
-        match self {
-            Self::Single => Ok(()),
-            Self::Fmxrun(c) => c.finalize(),
-            Self::Pmi(c) => c.finalize(),
-            #[cfg(feature = "pmix")]
-            Self::Pmix(c) => c.barrier(),
-            Self::User(c) => c.barrier(),
-        }
-    }
-
-    /// [`Bootstrap::finalize`] whose barrier waits for the slowest rank
-    /// however long it works, asking `watch` whether a peer died meanwhile
-    /// (a PMI reply otherwise has `FMX_PMI_TIMEOUT`; fmxrun watches the
-    /// ranks itself).
+    /// [`Launcher::finalize_watching`].
     pub(crate) fn finalize_watching(&mut self, watch: pmi::Watch) -> Result<()> {
-        match self {
-            Self::Pmi(c) => c.finalize_watching(watch),
-            #[cfg(feature = "pmix")]
-            Self::Pmix(c) => c.finalize_watching(watch),
-            _ => self.finalize(),
-        }
+        self.0.finalize_watching(watch)
     }
 
-    /// Where the launcher's failure notice arrives (fmxrun only: under Hydra
-    /// and Slurm `-K` the process manager ends the job on a failure itself).
+    /// [`Launcher::link`].
     pub(crate) fn link(&self) -> Option<std::rc::Rc<Link>> {
-        match self {
-            Self::Fmxrun(c) => Some(c.link()),
-            _ => None,
-        }
+        self.0.link()
     }
 
-    /// Tells the launcher that this process is failing, so that every rank
-    /// learns it before the process has even exited (best effort).
+    /// [`Launcher::abort`].
     pub(crate) fn abort(&self, why: &str) {
-        if let Self::Fmxrun(c) = self {
-            c.abort(why);
-        }
+        self.0.abort(why);
     }
 
-    /// Node index of every rank (all 0 when every rank shares this host).
-    pub(crate) fn nodes(&self) -> Vec<u32> {
-        match self {
-            Self::Pmi(c) => c.nodes.clone(),
-            #[cfg(feature = "pmix")]
-            Self::Pmix(c) => c.nodes.clone(),
-            Self::User(c) => c.nodes.clone(),
-            Self::Single | Self::Fmxrun(_) => vec![0; self.size() as usize],
-        }
-    }
-
-    /// Which launcher this is, for messages and `Fmx::launcher_name`.
+    /// Which launcher this is, for messages and `Fmx::launcher`.
     pub(crate) fn name(&self) -> &'static str {
-        match self {
-            Self::Single => "single",
-            Self::Fmxrun(_) => "fmxrun",
-            Self::Pmi(c) => c.version_name(),
-            #[cfg(feature = "pmix")]
-            Self::Pmix(_) => "PMIx",
-            Self::User(_) => "program",
-        }
+        self.0.name()
     }
 
     /// Whether this world was started by another one's spawn request.
     pub(crate) fn spawned(&self) -> bool {
-        match self {
-            Self::Pmi(c) => c.spawned,
-            #[cfg(feature = "pmix")]
-            Self::Pmix(c) => c.spawned,
-            _ => false,
-        }
+        self.0.spawned()
     }
 
     /// Asks the process manager to start a new world.
     pub(crate) fn spawn(&mut self, req: &SpawnRequest) -> Result<()> {
-        match self {
-            Self::Pmi(c) => c.spawn(req),
-            #[cfg(feature = "pmix")]
-            Self::Pmix(c) => c.spawn(req),
-            Self::Single => Err(Error::Launch("spawn: this process was started alone, with no process manager to ask".into())),
-            Self::User(_) => {
-                Err(Error::Launch("spawn: fmx was started through the program's bootstrap, which has no process manager to ask".into()))
-            }
-            Self::Fmxrun(_) => Err(Error::Launch(
-                "spawn: under fmxrun a new world of this program comes from Fmx::spawn_world (connected by an intercommunicator); \
-                 Fmx::spawn (any program, PMI values) needs Hydra (mpiexec)"
-                    .into(),
-            )),
-        }
+        self.0.spawn(req)
     }
 
-    /// Asks fmxrun to start a world of `np` ranks (collective over this world);
-    /// with `bridge`, the bridge's address and job id come back.
+    /// [`Launcher::spawn_world`].
     pub(crate) fn spawn_world(&mut self, np: u32, bridge: bool, values: &str) -> Result<Option<(String, String)>> {
-        match self {
-            Self::Fmxrun(c) => c.spawn_world(np, bridge, values),
-            Self::Single => Err(Error::Launch(
-                "spawn_world: this process was started alone; start it with fmxrun, which acts as the process manager".into(),
-            )),
-            _ => Err(Error::Launch(format!(
-                "spawn_world: {} started this process; only fmxrun can start a world connected to this one (use fmxrun -n N)",
-                self.name()
-            ))),
-        }
-    }
-
-    /// Joins a bridge group (two worlds at once) served by fmxrun at `addr`.
-    pub(crate) fn bridge(addr: &str, rank: u32, size: u32, job: String) -> Result<Self> {
-        Ok(Self::Fmxrun(fmxrun::Client::connect(addr, rank, size, job)?))
+        self.0.spawn_world(np, bridge, values)
     }
 
     /// A value left by the world that spawned this one.
     pub(crate) fn parent_value(&mut self, key: &str) -> Result<Option<String>> {
-        match self {
-            Self::Pmi(c) => c.parent_value(key),
-            #[cfg(feature = "pmix")]
-            Self::Pmix(c) => Ok(c.parent_value(key)),
-            Self::Single | Self::Fmxrun(_) | Self::User(_) => Ok(None),
-        }
+        self.0.parent_value(key)
     }
 }
 
@@ -297,7 +182,7 @@ fn pmix_started() -> bool {
 impl Bootstrap {
     #[cfg(feature = "pmix")]
     fn from_pmix() -> Result<Self> {
-        Ok(Self::Pmix(pmix::Client::connect_from_env()?))
+        Ok(Self(Box::new(pmix::Client::connect_from_env()?)))
     }
 
     #[cfg(not(feature = "pmix"))]

@@ -143,3 +143,42 @@ impl Client {
         }
     }
 }
+
+impl super::UserBootstrap for Client {
+    fn rank(&self) -> u32 {
+        self.rank
+    }
+    fn size(&self) -> u32 {
+        self.size
+    }
+    fn nodes(&self) -> Vec<u32> {
+        self.nodes.clone()
+    }
+    fn job_id(&self) -> String {
+        super::launcher::job_id_from("pmix", &self.job)
+    }
+    fn allgather(&mut self, blob: &[u8]) -> std::result::Result<Vec<Vec<u8>>, super::launcher::BoxError> {
+        Ok(Client::allgather(self, blob)?)
+    }
+    fn barrier(&mut self) -> std::result::Result<(), super::launcher::BoxError> {
+        Ok(Client::barrier(self)?)
+    }
+}
+
+impl super::launcher::Launcher for Client {
+    fn name(&self) -> &'static str {
+        "PMIx"
+    }
+    fn finalize_watching(&mut self, watch: Watch) -> Result<()> {
+        Client::finalize_watching(self, watch)
+    }
+    fn spawned(&self) -> bool {
+        self.spawned
+    }
+    fn spawn(&mut self, req: &SpawnRequest) -> Result<()> {
+        Client::spawn(self, req)
+    }
+    fn parent_value(&mut self, key: &str) -> Result<Option<String>> {
+        Ok(Client::parent_value(self, key))
+    }
+}

@@ -29,6 +29,9 @@ pub(crate) fn unusable_launcher(var: impl Fn(&str) -> Option<String>) -> Option<
                 "started by srun with {n} tasks over PMIx ({v} is set: srun --mpi=pmix), but this build of fmx has no PMIx client: \
                  run `srun --mpi=pmi2`, or build fmx with the cargo feature `pmix`"
             ),
+            None if cfg!(feature = "pmix") => {
+                format!("started by srun with {n} tasks but no PMI (PMI_FD is not set): run `srun --mpi=pmi2` or `srun --mpi=pmix`")
+            }
             None => format!("started by srun with {n} tasks but no PMI (PMI_FD is not set): run `srun --mpi=pmi2`"),
         });
     }

@@ -3,6 +3,9 @@
 //! bootstrapped. fmx needs only who is who, an allgather of bytes and a
 //! barrier; spawning and failure notices stay with whatever started the job.
 
+use super::launcher::{BoxError, Launcher};
+use super::pmi::SpawnRequest;
+
 /// What a program gives [`crate::init_with_bootstrap`] so that fmx can start
 /// inside its job. Every method but the first three is collective: all ranks
 /// call it, in the same order.
@@ -63,6 +66,36 @@ impl User {
 
     pub(crate) fn barrier(&mut self) -> crate::Result<()> {
         self.inner.barrier().map_err(|e| crate::Error::Bootstrap(format!("the program's bootstrap failed in barrier: {e}")))
+    }
+}
+
+impl UserBootstrap for User {
+    fn rank(&self) -> u32 {
+        self.rank
+    }
+    fn size(&self) -> u32 {
+        self.size
+    }
+    fn nodes(&self) -> Vec<u32> {
+        self.nodes.clone()
+    }
+    fn job_id(&self) -> String {
+        format!("user{}", self.job)
+    }
+    fn allgather(&mut self, blob: &[u8]) -> Result<Vec<Vec<u8>>, BoxError> {
+        Ok(User::allgather(self, blob)?)
+    }
+    fn barrier(&mut self) -> Result<(), BoxError> {
+        Ok(User::barrier(self)?)
+    }
+}
+
+impl Launcher for User {
+    fn name(&self) -> &'static str {
+        "program"
+    }
+    fn spawn(&mut self, _req: &SpawnRequest) -> crate::Result<()> {
+        Err(crate::Error::Launch("spawn: fmx was started through the program's bootstrap, which has no process manager to ask".into()))
     }
 }
 
