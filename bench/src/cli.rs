@@ -109,6 +109,9 @@ pub struct PerfArgs {
     /// The transport for the ranks fmx-perf starts itself (auto, shm, verbs, ofi, shm+verbs, shm+ofi)
     #[arg(long, value_name = "NAME")]
     pub transport: Option<String>,
+    /// Under a launcher, the two ranks that measure (A times and reports); default: rank 0 and the first rank on another node, else rank 1
+    #[arg(long, value_name = "A,B", value_parser = crate::pair::parse)]
+    pub pair: Option<(u32, u32)>,
 }
 
 /// Options of `mbw_mr`.

@@ -13,6 +13,7 @@ pub mod neighbor;
 pub mod neighbor_compare;
 pub mod ofi_compare;
 pub mod osu;
+pub mod pair;
 pub mod params;
 pub mod peers;
 pub mod plot;

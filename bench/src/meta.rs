@@ -64,9 +64,9 @@ fn provider(transport: &str) -> Option<String> {
     Some(std::env::var(var).unwrap_or_else(|_| "default".to_owned()))
 }
 
-/// Gathers the pair's hosts and cores on rank 0 (collective over the world).
-pub fn gather(fmx: &fmx::Fmx, p: &Params, core: Option<u32>) -> Result<Option<Meta>, String> {
-    let world = fmx.world();
+/// Gathers the pair's hosts and cores on rank 0 of `world`, the world split
+/// so that the pair (world ranks `pair`) are its ranks 0 and 1 (collective).
+pub fn gather(world: &fmx::Comm, p: &Params, core: Option<u32>, pair: (u32, u32)) -> Result<Option<Meta>, String> {
     let e2s = |e: fmx::Error| e.to_string();
     let mut mine = [0u8; HOST_BYTES + 4];
     let host = hostname();
@@ -98,7 +98,7 @@ pub fn gather(fmx: &fmx::Fmx, p: &Params, core: Option<u32>) -> Result<Option<Me
         large_messages: world.large_message_path(),
         hosts: [h0, h1],
         ranks: world.size(),
-        pair: [0, 1],
+        pair: [pair.0, pair.1],
         pinned_cores: [c0, c1],
         buffers: if p.plain { "plain" } else { "registered" },
         iterations: p.loops_line(),

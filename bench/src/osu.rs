@@ -61,11 +61,11 @@ impl Clock {
     }
 }
 
-/// Runs every size of `p` on the world; rank 0 hands each size's row to
-/// `emit` as soon as it is measured.
-pub fn run(fmx: &Fmx, p: &Params, mut emit: impl FnMut(Row) -> Result<(), String>) -> Result<(), String> {
+/// Runs every size of `p` on `world` (its ranks 0 and 1 measure; mbw_mr:
+/// all of its ranks); rank 0 hands each size's row to `emit` as soon as it
+/// is measured. `fmx` gives the registered buffers.
+pub fn run(fmx: &Fmx, world: &fmx::Comm, p: &Params, mut emit: impl FnMut(Row) -> Result<(), String>) -> Result<(), String> {
     let e2s = |e: fmx::Error| e.to_string();
-    let world = fmx.world();
     let pairs = p.pairs;
     let max = p.sizes().last().copied().unwrap_or(0);
     let mut sbuf = buffer(fmx, p.plain, max, b'a').map_err(e2s)?;

@@ -66,6 +66,8 @@ pub struct Params {
     pub plain: bool,
     /// Sender-receiver pairs (mbw_mr; the others measure one pair).
     pub pairs: usize,
+    /// The ranks that measure, as asked with `--pair` (latency, bw, bibw).
+    pub pair: Option<(u32, u32)>,
 }
 
 /// Above this size OSU uses fewer iterations (its `LARGE_MESSAGE_SIZE`).
@@ -85,6 +87,7 @@ impl Params {
             gbits: false,
             plain: false,
             pairs: 1,
+            pair: None,
         }
     }
 
@@ -112,6 +115,10 @@ impl Params {
         };
         p.gbits = a.report_gbits;
         p.plain = a.plain;
+        if a.pair.is_some() && test == Test::MbwMr {
+            return Err("--pair chooses one pair; mbw_mr pairs every rank i with rank i + n/2".into());
+        }
+        p.pair = a.pair;
         Ok(p)
     }
 

@@ -229,3 +229,27 @@ fn progress_shows_on_a_terminal_and_never_in_a_pipe() {
     let o = perf(&["latency", "-m", "8:64", "-i", "50", "-x", "5"]);
     assert!(!text(&o.stderr).contains('[') && !text(&o.stdout).contains("fmx-perf latency ["), "{}", text(&o.stderr));
 }
+
+/// Under a launcher fmx-perf measures with the launcher's ranks, never a job
+/// of its own: one table, between the `--pair` asked (here ranks 2 and 0 of
+/// 3), named in the header; a bad pair is an error naming it.
+#[test]
+fn under_a_launcher_the_pair_is_the_launchers_ranks_and_is_named() {
+    let run = |args: &[&str]| {
+        let mut l = fmx_launcher::Launch::new(3, env!("CARGO_BIN_EXE_fmx-perf"));
+        l.args = args.iter().map(Into::into).collect();
+        l.capture = true;
+        l.timeout = Some(Duration::from_secs(120));
+        l.run().expect("fmxrun starts the ranks")
+    };
+    let o = run(&["latency", "-m", "8", "-i", "20", "-x", "2", "--pair", "2,0"]);
+    let out: Vec<&str> = o.lines.iter().filter(|(_, err, _)| !err).map(|(_, _, l)| l.as_str()).collect();
+    assert_eq!(o.code, 0, "{:?}", o.lines);
+    assert_eq!(out.iter().filter(|l| l.starts_with("# fmx-perf latency")).count(), 1, "one table: {out:?}");
+    assert!(out.contains(&"# rank 2 (node 0) to rank 0 (node 0): shm"), "{out:?}");
+    assert!(o.lines.iter().filter(|(_, err, _)| !err).all(|(r, _, _)| *r == 2), "only rank 2 reports: {:?}", o.lines);
+    assert_eq!(osu_rows(&out.join("\n")).len(), 4, "{out:?}");
+    let o = run(&["latency", "-m", "8", "-i", "1", "--pair", "0,3"]);
+    assert_ne!(o.code, 0);
+    assert!(o.lines.iter().any(|(_, _, l)| l.contains("--pair 0,3: rank 3 is not in the world of 3 ranks")), "{:?}", o.lines);
+}

@@ -1,7 +1,7 @@
 //! `fmx-perf`: see `fmx-perf --help`. The point-to-point tests (latency, bw,
 //! bibw), started alone, launch their own two ranks on this host, pinned to
-//! different cores; under fmxrun, mpiexec or srun they use the given world
-//! (ranks 0 and 1).
+//! different cores; under fmxrun, mpiexec, srun or mpirun they use the given
+//! world (`--pair A,B`, by default rank 0 and the first rank on another node).
 
 use std::process::ExitCode;
 
@@ -9,36 +9,42 @@ use clap::Parser;
 use fmx_bench::cli::{Cli, Command, PerfArgs};
 use fmx_bench::params::{Format, Params, Test};
 use fmx_bench::report::{self, Writer};
-use fmx_bench::{all, check_cost, compare, limits, meta, neighbor, neighbor_compare, ofi_compare, osu, peers, redistribute};
+use fmx_bench::{all, check_cost, compare, limits, meta, neighbor, neighbor_compare, ofi_compare, osu, pair, peers, redistribute};
 
-/// One rank of a point-to-point test.
+/// One rank of a point-to-point test: the world split so that the pair
+/// measuring (`--pair`, or rank 0 and the first rank on another node) are
+/// ranks 0 and 1 (mbw_mr keeps the world's order).
 fn run_rank(p: &Params) -> Result<(), String> {
     let e2s = |e: fmx::Error| e.to_string();
     let fmx = fmx::init().map_err(e2s)?;
     let world = fmx.world();
-    if world.size() < 2 {
-        return Err("fmx-perf needs at least 2 ranks".into());
-    }
     let mut p = p.clone();
     if p.test == Test::MbwMr {
-        if world.size() % 2 != 0 {
+        if world.size() < 2 || world.size() % 2 != 0 {
             return Err(format!("mbw_mr pairs ranks i and i + n/2, so it needs an even number of ranks; the world has {}", world.size()));
         }
         p.pairs = world.size() as usize / 2;
     }
     let p = &p;
+    let mut nodes = vec![0u32; world.size() as usize];
+    world.allgather(&[fmx.locality().node], &mut nodes).map_err(e2s)?;
+    let pair = if p.test == Test::MbwMr { (0, 1) } else { pair::choose(p.pair, &nodes)? };
+    let comm = world.split(Some(0), pair::key(world.rank(), pair)).map_err(e2s)?.ok_or("split of the world returned no communicator")?;
     let core = peers::pin(world.rank());
-    let meta = if p.format == Format::Json { meta::gather(&fmx, p, core)? } else { None };
-    let mut out = if world.rank() == 0 {
-        let header = report::header(p, world.transport_name(), world.transport_of(1).map_err(e2s)?, &world.large_message_path());
+    let meta = if p.format == Format::Json { meta::gather(&comm, p, core, pair)? } else { None };
+    let mut out = if comm.rank() == 0 {
+        let (a, b) = pair;
+        let route = format!("rank {a} (node {}) to rank {b} (node {}): {}", nodes[a as usize], nodes[b as usize], comm.transport_of(1).map_err(e2s)?);
+        let header = report::header(p, world.transport_name(), &route, &world.large_message_path());
         Some(Writer::new(std::io::stdout().lock(), p, &header)?)
     } else {
         None
     };
-    osu::run(&fmx, p, |row| out.as_mut().map_or(Ok(()), |w| w.row(row)))?;
+    osu::run(&fmx, &comm, p, |row| out.as_mut().map_or(Ok(()), |w| w.row(row)))?;
     if let Some(w) = out {
         w.finish(meta.as_ref())?;
     }
+    drop(comm);
     fmx.finalize().map_err(e2s)
 }
 

@@ -7,7 +7,7 @@ use std::os::fd::AsFd;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
-use super::launcher::{BoxError, Launcher};
+use super::launcher::Launcher;
 use super::pmi::SpawnRequest;
 use super::wire::{self, Notice, OP_ABORT, OP_ALLGATHER, OP_BARRIER, OP_ERROR, OP_FINALIZE, OP_HELLO, OP_NOTICE, OP_SPAWN};
 use crate::error::{Error, Result};
@@ -281,27 +281,8 @@ mod tests {
     }
 }
 
-impl super::UserBootstrap for Client {
-    fn rank(&self) -> u32 {
-        self.rank
-    }
-    fn size(&self) -> u32 {
-        self.size
-    }
-    /// fmxrun starts every rank on this host.
-    fn nodes(&self) -> Vec<u32> {
-        vec![0; self.size as usize]
-    }
-    fn job_id(&self) -> String {
-        self.job.clone()
-    }
-    fn allgather(&mut self, blob: &[u8]) -> std::result::Result<Vec<Vec<u8>>, BoxError> {
-        Ok(Client::allgather(self, blob)?)
-    }
-    fn barrier(&mut self) -> std::result::Result<(), BoxError> {
-        Ok(Client::barrier(self)?)
-    }
-}
+// fmxrun starts every rank on this host.
+super::launcher::user_bootstrap_of_backend!(Client, nodes: |c| vec![0; c.size as usize], job_id: |c| c.job.clone());
 
 impl Launcher for Client {
     fn name(&self) -> &'static str {

@@ -23,6 +23,37 @@ pub(crate) fn fmx_error(e: BoxError, call: &str) -> Error {
     }
 }
 
+/// [`UserBootstrap`] for a built-in backend: `rank` and `size` fields,
+/// inherent `allgather` and `barrier` that return fmx errors, and the node
+/// map and job id given as `|this| expression`.
+macro_rules! user_bootstrap_of_backend {
+    ($ty:ty, nodes: |$n:ident| $nodes:expr, job_id: |$j:ident| $job:expr) => {
+        impl $crate::bootstrap::UserBootstrap for $ty {
+            fn rank(&self) -> u32 {
+                self.rank
+            }
+            fn size(&self) -> u32 {
+                self.size
+            }
+            fn nodes(&self) -> Vec<u32> {
+                let $n = self;
+                $nodes
+            }
+            fn job_id(&self) -> String {
+                let $j = self;
+                $job
+            }
+            fn allgather(&mut self, blob: &[u8]) -> std::result::Result<Vec<Vec<u8>>, $crate::bootstrap::launcher::BoxError> {
+                Ok(<$ty>::allgather(self, blob)?)
+            }
+            fn barrier(&mut self) -> std::result::Result<(), $crate::bootstrap::launcher::BoxError> {
+                Ok(<$ty>::barrier(self)?)
+            }
+        }
+    };
+}
+pub(crate) use user_bootstrap_of_backend;
+
 /// What a process manager adds to [`UserBootstrap`]. The defaults are those
 /// of a bootstrap with no process manager behind it.
 pub(crate) trait Launcher: UserBootstrap {

@@ -144,26 +144,7 @@ impl Client {
     }
 }
 
-impl super::UserBootstrap for Client {
-    fn rank(&self) -> u32 {
-        self.rank
-    }
-    fn size(&self) -> u32 {
-        self.size
-    }
-    fn nodes(&self) -> Vec<u32> {
-        self.nodes.clone()
-    }
-    fn job_id(&self) -> String {
-        super::launcher::job_id_from("pmix", &self.job)
-    }
-    fn allgather(&mut self, blob: &[u8]) -> std::result::Result<Vec<Vec<u8>>, super::launcher::BoxError> {
-        Ok(Client::allgather(self, blob)?)
-    }
-    fn barrier(&mut self) -> std::result::Result<(), super::launcher::BoxError> {
-        Ok(Client::barrier(self)?)
-    }
-}
+super::launcher::user_bootstrap_of_backend!(Client, nodes: |c| c.nodes.clone(), job_id: |c| super::launcher::job_id_from("pmix", &c.job));
 
 impl super::launcher::Launcher for Client {
     fn name(&self) -> &'static str {

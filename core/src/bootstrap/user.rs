@@ -3,7 +3,7 @@
 //! bootstrapped. fmx needs only who is who, an allgather of bytes and a
 //! barrier; spawning and failure notices stay with whatever started the job.
 
-use super::launcher::{BoxError, Launcher};
+use super::launcher::Launcher;
 use super::pmi::SpawnRequest;
 
 /// What a program gives [`crate::init_with_bootstrap`] so that fmx can start
@@ -69,26 +69,7 @@ impl User {
     }
 }
 
-impl UserBootstrap for User {
-    fn rank(&self) -> u32 {
-        self.rank
-    }
-    fn size(&self) -> u32 {
-        self.size
-    }
-    fn nodes(&self) -> Vec<u32> {
-        self.nodes.clone()
-    }
-    fn job_id(&self) -> String {
-        format!("user{}", self.job)
-    }
-    fn allgather(&mut self, blob: &[u8]) -> Result<Vec<Vec<u8>>, BoxError> {
-        Ok(User::allgather(self, blob)?)
-    }
-    fn barrier(&mut self) -> Result<(), BoxError> {
-        Ok(User::barrier(self)?)
-    }
-}
+super::launcher::user_bootstrap_of_backend!(User, nodes: |u| u.nodes.clone(), job_id: |u| format!("user{}", u.job));
 
 impl Launcher for User {
     fn name(&self) -> &'static str {
