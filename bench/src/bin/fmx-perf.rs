@@ -13,7 +13,7 @@ use fmx_bench::{all, check_cost, compare, limits, meta, neighbor, neighbor_compa
 
 /// One rank of a point-to-point test: the world split so that the pair
 /// measuring (`--pair`, or rank 0 and the first rank on another node) are
-/// ranks 0 and 1 (mbw_mr keeps the world's order).
+/// ranks 0 and 1 (`mbw_mr` keeps the world's order).
 fn run_rank(p: &Params) -> Result<(), String> {
     let e2s = |e: fmx::Error| e.to_string();
     let fmx = fmx::init().map_err(e2s)?;
