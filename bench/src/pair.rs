@@ -34,6 +34,27 @@ pub fn key(rank: u32, (a, b): (u32, u32)) -> i32 {
     }
 }
 
+/// `mbw_mr`'s order of the world: ranks by node, then rank. Position k
+/// streams to position k + n/2, so where the job has two nodes of equal size
+/// every pair crosses between them (on one node: rank i to rank i + n/2).
+pub fn streaming_order(nodes: &[u32]) -> Vec<u32> {
+    let mut order: Vec<u32> = (0..nodes.len() as u32).collect();
+    order.sort_by_key(|&r| (nodes[r as usize], r));
+    order
+}
+
+/// The pairs of `order` as a header line: "0 (node 0) -> 1 (node 1), ...".
+pub fn describe_streams(order: &[u32], nodes: &[u32]) -> String {
+    let half = order.len() / 2;
+    (0..half)
+        .map(|k| {
+            let (s, r) = (order[k], order[k + half]);
+            format!("{s} (node {}) -> {r} (node {})", nodes[s as usize], nodes[r as usize])
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -53,6 +74,16 @@ mod tests {
         assert_eq!(choose(None, &[0]), Err("fmx-perf needs at least 2 ranks; the world has 1".into()));
         assert!(parse("3").unwrap_err().contains("expected two ranks, A,B"));
         assert_eq!(parse("2, 7"), Ok((2, 7)));
+    }
+
+    #[test]
+    fn streams_cross_nodes_when_there_are_two() {
+        let parity = [0, 1, 0, 1];
+        let order = streaming_order(&parity);
+        assert_eq!(order, [0, 2, 1, 3]);
+        assert_eq!(describe_streams(&order, &parity), "0 (node 0) -> 1 (node 1), 2 (node 0) -> 3 (node 1)");
+        assert_eq!(streaming_order(&[0; 4]), [0, 1, 2, 3]);
+        assert_eq!(describe_streams(&[0, 1, 2, 3], &[0; 4]), "0 (node 0) -> 2 (node 0), 1 (node 0) -> 3 (node 0)");
     }
 
     #[test]

@@ -96,7 +96,7 @@ pub fn header(p: &Params, transport: &str, pair: &str, large: &str) -> String {
         s.push_str(&format!("# window: {} messages in flight\n", p.window));
     }
     if p.test == Test::MbwMr {
-        s.push_str(&format!("# pairs: {} (rank i sends to rank i + {}), all at once; aggregate figures\n", p.pairs, p.pairs));
+        s.push_str(&format!("# pairs: {}, all at once; aggregate figures\n", p.pairs));
     }
     s.push_str(&columns(p));
     s

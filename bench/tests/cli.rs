@@ -194,7 +194,7 @@ fn mbw_mr_limits_and_all_report_osu_rows_and_the_floor() {
     let o = perf(&["mbw_mr", "--pairs", "2", "-m", "8:16", "-i", "5", "-x", "1", "-W", "8"]);
     assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
     let out = text(&o.stdout);
-    assert!(out.contains("# pairs: 2 (rank i sends to rank i + 2)") && out.contains("Messages/s"), "{out}");
+    assert!(out.contains("# pairs: 2, all at once") && out.contains("# streams (world rank, node): 0 (node 0) -> 2 (node 0), 1 (node 0) -> 3 (node 0)") && out.contains("Messages/s"), "{out}");
     let rows: Vec<Vec<f64>> = out.lines().filter(|l| !l.starts_with('#')).map(|l| l.split_whitespace().map(|v| v.parse().unwrap()).collect()).collect();
     assert_eq!(rows.len(), 2, "{out}");
     for r in &rows {

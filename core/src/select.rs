@@ -122,6 +122,7 @@ pub(crate) fn open(boot: &mut Bootstrap) -> Result<Transport> {
         return Ok(Transport::Loopback(Loopback::new()));
     }
     let nodes = node_map(boot)?;
+    boot.refine_nodes(nodes.clone());
     let spread = nodes.iter().any(|&n| n != nodes[0]);
     // auto: shared memory alone on one node; across nodes the first network
     // transport, with shared memory beside it where a node runs several ranks.

@@ -13,7 +13,7 @@ use fmx_bench::{all, check_cost, compare, limits, meta, neighbor, neighbor_compa
 
 /// One rank of a point-to-point test: the world split so that the pair
 /// measuring (`--pair`, or rank 0 and the first rank on another node) are
-/// ranks 0 and 1 (`mbw_mr` keeps the world's order).
+/// ranks 0 and 1 (`mbw_mr`: ranks by node, pairs across nodes).
 fn run_rank(p: &Params) -> Result<(), String> {
     let e2s = |e: fmx::Error| e.to_string();
     let fmx = fmx::init().map_err(e2s)?;
@@ -21,20 +21,32 @@ fn run_rank(p: &Params) -> Result<(), String> {
     let mut p = p.clone();
     if p.test == Test::MbwMr {
         if world.size() < 2 || world.size() % 2 != 0 {
-            return Err(format!("mbw_mr pairs ranks i and i + n/2, so it needs an even number of ranks; the world has {}", world.size()));
+            return Err(format!("mbw_mr streams from one half of the world to the other, so it needs an even number of ranks; the world has {}", world.size()));
         }
         p.pairs = world.size() as usize / 2;
     }
     let p = &p;
     let mut nodes = vec![0u32; world.size() as usize];
     world.allgather(&[fmx.locality().node], &mut nodes).map_err(e2s)?;
-    let pair = if p.test == Test::MbwMr { (0, 1) } else { pair::choose(p.pair, &nodes)? };
-    let comm = world.split(Some(0), pair::key(world.rank(), pair)).map_err(e2s)?.ok_or("split of the world returned no communicator")?;
+    // The world split so that the measuring ranks lead (mbw_mr: by node, so
+    // that its pairs cross nodes where there are several).
+    let order = pair::streaming_order(&nodes);
+    let (pair, key) = if p.test == Test::MbwMr {
+        (order.get(..2).map_or((0, 1), |o| (o[0], o[1])), order.iter().position(|&r| r == world.rank()).unwrap_or(0) as i32)
+    } else {
+        let pair = pair::choose(p.pair, &nodes)?;
+        (pair, pair::key(world.rank(), pair))
+    };
+    let comm = world.split(Some(0), key).map_err(e2s)?.ok_or("split of the world returned no communicator")?;
     let core = peers::pin(world.rank());
     let meta = if p.format == Format::Json { meta::gather(&comm, p, core, pair)? } else { None };
     let mut out = if comm.rank() == 0 {
         let (a, b) = pair;
-        let route = format!("rank {a} (node {}) to rank {b} (node {}): {}", nodes[a as usize], nodes[b as usize], comm.transport_of(1).map_err(e2s)?);
+        let route = if p.test == Test::MbwMr {
+            format!("streams (world rank, node): {}", pair::describe_streams(&order, &nodes))
+        } else {
+            format!("rank {a} (node {}) to rank {b} (node {}): {}", nodes[a as usize], nodes[b as usize], comm.transport_of(1).map_err(e2s)?)
+        };
         let header = report::header(p, world.transport_name(), &route, &world.large_message_path());
         Some(Writer::new(std::io::stdout().lock(), p, &header)?)
     } else {

@@ -68,33 +68,34 @@ pub fn started_by_launcher() -> bool {
         || unclaimed::unusable_launcher(|k| std::env::var(k).ok()).is_some()
 }
 
-/// The bootstrap of this process: whichever [`Launcher`] started it.
-pub(crate) struct Bootstrap(Box<dyn Launcher>);
+/// The bootstrap of this process: whichever [`Launcher`] started it, and
+/// the node map as the transport's selection refined it.
+pub(crate) struct Bootstrap(Box<dyn Launcher>, Option<Vec<u32>>);
 
 impl Bootstrap {
     /// Picks the backend from the environment.
     pub(crate) fn from_env() -> Result<Self> {
         if fmx_transport::settings::is_set(ENV_RENDEZVOUS) {
-            Ok(Self(Box::new(fmxrun::Client::connect_from_env()?)))
+            Ok(Self(Box::new(fmxrun::Client::connect_from_env()?), None))
         } else if std::env::var_os("PMI_FD").is_some() {
-            Ok(Self(Box::new(pmi::Client::connect_from_env()?)))
+            Ok(Self(Box::new(pmi::Client::connect_from_env()?), None))
         } else if pmix_started() {
             Self::from_pmix()
         } else if let Some(why) = unclaimed::unusable_launcher(|k| std::env::var(k).ok()) {
             Err(Error::Bootstrap(why))
         } else {
-            Ok(Self(Box::new(launcher::Single)))
+            Ok(Self(Box::new(launcher::Single), None))
         }
     }
 
     /// The program's bootstrap, checked.
     pub(crate) fn user(b: Box<dyn UserBootstrap>) -> Result<Self> {
-        Ok(Self(Box::new(user::User::new(b)?)))
+        Ok(Self(Box::new(user::User::new(b)?), None))
     }
 
     /// Joins a bridge group (two worlds at once) served by fmxrun at `addr`.
     pub(crate) fn bridge(addr: &str, rank: u32, size: u32, job: String) -> Result<Self> {
-        Ok(Self(Box::new(fmxrun::Client::connect(addr, rank, size, job)?)))
+        Ok(Self(Box::new(fmxrun::Client::connect(addr, rank, size, job)?), None))
     }
 
     pub(crate) fn rank(&self) -> u32 {
@@ -110,9 +111,17 @@ impl Bootstrap {
         self.0.job_id()
     }
 
-    /// Node index of every rank (all 0 when every rank shares this host).
+    /// Node index of every rank (all 0 when every rank shares this host):
+    /// the launcher's map, or the refined one once the transport was chosen.
     pub(crate) fn nodes(&self) -> Vec<u32> {
-        self.0.nodes()
+        self.1.clone().unwrap_or_else(|| self.0.nodes())
+    }
+
+    /// The node map as host identities refined it (ranks the launcher put on
+    /// one node that run on different hosts, namespaces or containers):
+    /// what `Fmx::locality` and placement report from now on.
+    pub(crate) fn refine_nodes(&mut self, nodes: Vec<u32>) {
+        self.1 = Some(nodes);
     }
 
     /// Transport asked for by the launcher, if any.
@@ -182,7 +191,7 @@ fn pmix_started() -> bool {
 impl Bootstrap {
     #[cfg(feature = "pmix")]
     fn from_pmix() -> Result<Self> {
-        Ok(Self(Box::new(pmix::Client::connect_from_env()?)))
+        Ok(Self(Box::new(pmix::Client::connect_from_env()?), None))
     }
 
     #[cfg(not(feature = "pmix"))]

@@ -20,12 +20,21 @@ fn announce(fmx: &fmx::Fmx) {
     println!("TRANSPORT {}", fmx.world().transport_name());
 }
 
-/// Which transport carries each peer's messages. Under a mixed transport
+/// Which transport carries each peer's messages (and, under parity, which
+/// node `Fmx::locality` says). Under a mixed transport
 /// with `FMX_ITEST_NODES=parity` (the two-namespace test puts odd ranks on
 /// the other "node"), peers of our parity go over shared memory and the
 /// others over the network; otherwise every peer uses the one transport.
-fn routes(w: &Comm) -> R {
+fn routes(fmx: &fmx::Fmx, w: &Comm) -> R {
     let me = w.rank();
+    // Fmx::locality reports the node map the transport was chosen by: under
+    // parity, two nodes of the even and the odd ranks.
+    if std::env::var("FMX_ITEST_NODES").is_ok_and(|v| v == "parity") && w.transport_name().contains('+') {
+        let loc = fmx.locality();
+        let want = (me % 2, 2, me / 2, w.size().div_ceil(2) - (me % 2) * (w.size() % 2));
+        let got = (loc.node, loc.nodes, loc.local_rank, loc.local_size);
+        check!(got == want, "locality (node, nodes, local rank, local size) is {got:?}, expected {want:?}");
+    }
     let name = w.transport_name();
     let parity = std::env::var("FMX_ITEST_NODES").is_ok_and(|v| v == "parity");
     let mut seen = Vec::new();
@@ -165,7 +174,7 @@ fn main() {
         "ring" => ring(w),
         "stress" => stress(w, false),
         "stress-sizes" => stress(w, true),
-        "routes" => routes(w),
+        "routes" => routes(&fmx, w),
         // The last rank finishes 3 s after the others (more than FMX_PMI_TIMEOUT in the test).
         "late-finalize" => {
             if w.rank() + 1 == w.size() {

@@ -165,6 +165,7 @@ pub const SETTINGS: &[Setting] = &[
     s("FMX_SPAWN_VALUES", Kind::Text, "unset", Scope::Launcher, "What a spawning world passed to the new one"),
     s("FMX_BRIDGE_RENDEZVOUS", Kind::Text, "unset", Scope::Launcher, "Bootstrap address of the bridge to the spawning world"),
     s("FMX_BRIDGE_JOB", Kind::Text, "unset", Scope::Launcher, "Job id of the bridge to the spawning world"),
+    s("FMX_PMIX_PARENT_VALUES", Kind::Text, "unset", Scope::Launcher, "What a world spawned through PMIx_Spawn gets from its parent (NAME=value lines)"),
 ];
 
 /// The declared setting called `name` (its current name).
