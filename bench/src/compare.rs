@@ -57,6 +57,9 @@ pub struct Args {
     /// Instead: tail latency at the first of --sizes, perftest's statistics from per-iteration timings, fmx beside each peer
     #[arg(long)]
     pub tail: bool,
+    /// One JSON document (metadata with the peers' versions, the table's rows with ratios, every sweep) instead of the table
+    #[arg(long, conflicts_with_all = ["tail", "update_readme"])]
+    pub json: bool,
     /// Interleaved runs per side for --tail (medians and ranges are shown)
     #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u64).range(1..))]
     pub reps: u64,
@@ -172,27 +175,77 @@ pub fn main(a: &Args) -> Result<(), String> {
                 curves.push((mpi.name().into(), test, rows));
             }
             names.push(mpi.name().to_owned());
-            versions.push(format!("{} {}", mpi.name(), mpi.version()));
+            versions.push((mpi.name().to_owned(), mpi.version()));
         }
     }
     drop(progress);
+    if a.json {
+        print!("{}", json_report(&table, &names, &versions, &missing, &curves)?.to_json()?);
+        println!();
+        return plot_if_asked(a, &curves);
+    }
     let mut text = render(&table, &names);
     if !versions.is_empty() {
-        text.push_str(&format!("\nPeers: {}; fmx {}.\n", versions.join(", "), crate::cli::VERSION));
+        let peers: Vec<String> = versions.iter().map(|(n, v)| format!("{n} {v}")).collect();
+        text.push_str(&format!("\nPeers: {}; fmx {}.\n", peers.join(", "), crate::cli::VERSION));
     }
     for m in &missing {
         text.push_str(&format!("\nNot compared: {m}\n"));
     }
     print!("{text}");
-    if let Some(path) = &a.plot {
-        use crate::plot::{plot, Series};
-        let of = |test: &str| -> Vec<Series> { curves.iter().filter(|c| c.1 == test).map(|c| Series::new(c.0.clone(), &c.2)).collect() };
-        plot(path, &format!("fmx-perf compare on {} ({})", crate::meta::hostname(), crate::cli::VERSION), &of("latency"), &of("bw"))?;
-    }
+    plot_if_asked(a, &curves)?;
     if let Some(path) = readme {
         crate::report::update_readme(&path, "perf-table", &text)?;
     }
     Ok(())
+}
+
+/// Every sweep: (who, test, rows).
+type Curves<'a> = [(String, &'a str, Vec<(usize, f64)>)];
+
+/// `--plot FILE`: every sweep, latency and bandwidth.
+fn plot_if_asked(a: &Args, curves: &Curves<'_>) -> Result<(), String> {
+    use crate::plot::{plot, Series};
+    let Some(path) = &a.plot else { return Ok(()) };
+    let of = |test: &str| -> Vec<Series> { curves.iter().filter(|c| c.1 == test).map(|c| Series::new(c.0.clone(), &c.2)).collect() };
+    plot(path, &format!("fmx-perf compare on {} ({})", crate::meta::hostname(), crate::cli::VERSION), &of("latency"), &of("bw"))
+}
+
+/// The comparison as `--json`'s document.
+fn json_report(
+    table: &Table,
+    names: &[String],
+    versions: &[(String, String)],
+    missing: &[String],
+    curves: &Curves<'_>,
+) -> Result<crate::compare_json::Report, String> {
+    use crate::compare_json::{ratio, Meta, Peer, Report, Row, Sweep};
+    let results = table
+        .iter()
+        .filter_map(|((test, size), vals)| {
+            let fmx = vals.iter().find(|(w, _)| w == "fmx")?.1;
+            let fmx_ratio = names[1..]
+                .iter()
+                .filter_map(|p| vals.iter().find(|(w, _)| w == p).map(|(_, v)| (p.clone(), ratio(test, fmx, *v))))
+                .collect();
+            let unit = if *test == "latency" { "us" } else { "MB/s" };
+            Some(Row { test, size: *size, unit, values: vals.iter().cloned().collect(), fmx_ratio })
+        })
+        .collect();
+    Ok(Report {
+        meta: Meta {
+            tool: "fmx-perf compare",
+            fmx_version: env!("CARGO_PKG_VERSION"),
+            git: env!("FMX_GIT_HASH"),
+            host: crate::meta::hostname(),
+            date: crate::meta::rfc3339_now(),
+            peers: versions.iter().map(|(n, v)| Peer { name: n.clone(), version: v.clone() }).collect(),
+            not_compared: missing.to_vec(),
+            ratios: "above 1 means fmx is better: peer latency / fmx latency, fmx bandwidth / peer bandwidth",
+        },
+        results,
+        sweeps: curves.iter().map(|(who, test, rows)| Sweep { who: who.clone(), test: if *test == "latency" { "latency" } else { "bw" }, points: rows.clone() }).collect(),
+    })
 }
 
 fn render(table: &Table, names: &[String]) -> String {

@@ -7,6 +7,7 @@ pub mod all;
 pub mod check_cost;
 pub mod cli;
 pub mod compare;
+pub mod compare_json;
 pub mod limits;
 pub mod meta;
 pub mod neighbor;

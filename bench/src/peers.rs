@@ -80,8 +80,9 @@ impl Mpi {
         let Ok((_, run)) = self.tools() else { return "not found".into() };
         let out = Command::new(&run).arg("--version").output().map(|o| String::from_utf8_lossy(&o.stdout).into_owned());
         let text = out.unwrap_or_default();
-        // Hydra: "    Version:   4.0.2"; Open MPI: "mpirun (Open MPI) 4.1.4".
-        let line = text.lines().find(|l| l.contains("Version:") || l.contains("Open MPI")).unwrap_or("");
+        // Hydra: "    Version:   4.0.2"; Open MPI: "mpirun (Open MPI) 4.1.4", or in
+        // Debian's 4.1 "mpirun.openmpi (OpenRTE) 4.1.4".
+        let line = text.lines().find(|l| l.contains("Version:") || l.contains("Open MPI") || l.contains("(OpenRTE)")).unwrap_or("");
         line.rsplit([' ', ':']).find(|w| !w.is_empty()).unwrap_or("unknown").to_owned()
     }
 

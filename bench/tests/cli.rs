@@ -253,3 +253,23 @@ fn under_a_launcher_the_pair_is_the_launchers_ranks_and_is_named() {
     assert_ne!(o.code, 0);
     assert!(o.lines.iter().any(|(_, _, l)| l.contains("--pair 0,3: rank 3 is not in the world of 3 ranks")), "{:?}", o.lines);
 }
+
+/// `compare --json` (fmx alone here; the peers run in `fmx-perf compare`
+/// where MPICH and Open MPI are installed): one valid document with the
+/// metadata, a row per test and size, and every sweep.
+#[test]
+fn compare_json_is_one_valid_document() {
+    let o = perf(&["compare", "--json", "--no-peers", "--sizes", "8"]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("{e}: {}", text(&o.stdout)));
+    assert_eq!(v["meta"]["tool"], "fmx-perf compare");
+    assert!(v["meta"]["peers"].as_array().is_some_and(Vec::is_empty), "{v}");
+    let rows = v["results"].as_array().expect("results");
+    assert_eq!(rows.iter().map(|r| (r["test"].as_str().unwrap(), r["size"].as_u64().unwrap())).collect::<Vec<_>>(), [("bw", 8), ("latency", 8)]);
+    for r in rows {
+        assert!(r["values"]["fmx"].as_f64().is_some_and(|x| x.is_finite() && x > 0.0), "{r}");
+    }
+    let sweeps = v["sweeps"].as_array().expect("sweeps");
+    assert_eq!(sweeps.len(), 2, "{v}");
+    assert!(sweeps.iter().all(|s| s["who"] == "fmx" && s["points"].as_array().is_some_and(|p| p.len() == 4)), "{v}");
+}
