@@ -181,29 +181,52 @@ pub(crate) fn open(boot: &mut Bootstrap) -> Result<Transport> {
 /// network transport is built, by every rank's host identity (boot id, PID
 /// namespace, host name): fmxrun and a program's bootstrap see one host,
 /// and ranks on other machines (or in other PID or UTS namespaces) are
-/// other nodes.
+/// other nodes. A map that differs between ranks is an error on every rank.
 fn node_map(boot: &mut Bootstrap) -> Result<Vec<u32>> {
     let launcher = boot.nodes();
+    // A program's own bootstrap computes the map on each rank: one that
+    // disagrees would split the job into ranks choosing different transports
+    // (and waiting for each other). Launchers hand every rank the same map.
+    let check = boot.name() == "program";
+    if NETWORK_TRANSPORTS.is_empty() && !check {
+        return Ok(launcher);
+    }
+    let mut me = map_digest(&launcher).to_le_bytes().to_vec();
+    if !NETWORK_TRANSPORTS.is_empty() {
+        // Boot id and PID namespace (what pidfds and cross-memory attach need),
+        // and the host name, which tells machines apart where containers share a kernel.
+        me.extend_from_slice(&fmx_transport::liveness::host_identity());
+        me.extend_from_slice(rustix::system::uname().nodename().to_bytes());
+    }
+    let ids = boot.allgather(&me)?;
+    if let Some(other) = ids.iter().position(|id| id.get(..8) != Some(&me[..8])) {
+        return Err(Error::Bootstrap(format!(
+            "the node map disagrees between ranks: rank {} and rank {other} were given different maps (rank {}'s: {launcher:?}); \
+             every rank must be given the same node for every rank",
+            boot.rank(),
+            boot.rank()
+        )));
+    }
     if NETWORK_TRANSPORTS.is_empty() {
         return Ok(launcher);
     }
-    // Boot id and PID namespace (what pidfds and cross-memory attach need),
-    // and the host name, which tells machines apart where containers share a kernel.
-    let mut me = fmx_transport::liveness::host_identity().to_vec();
-    me.extend_from_slice(rustix::system::uname().nodename().to_bytes());
-    let ids = boot.allgather(&me)?;
     let mut seen: Vec<(u32, &[u8])> = Vec::new();
     Ok(launcher
         .iter()
         .zip(&ids)
-        .map(|(&n, id)| match seen.iter().position(|&(m, i)| m == n && i == &id[..]) {
+        .map(|(&n, id)| match seen.iter().position(|&(m, i)| m == n && i == &id[8..]) {
             Some(k) => k as u32,
             None => {
-                seen.push((n, id));
+                seen.push((n, &id[8..]));
                 (seen.len() - 1) as u32
             }
         })
         .collect())
+}
+
+/// A digest of a node map (FNV-1a over its numbers), compared between ranks.
+fn map_digest(nodes: &[u32]) -> u64 {
+    nodes.iter().flat_map(|n| n.to_le_bytes()).fold(0xcbf2_9ce4_8422_2325, |h, b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3))
 }
 
 /// Shared memory among the world ranks `ranks` (ours among them), as a world

@@ -56,6 +56,24 @@ fn a_failing_bootstrap_is_named_in_the_error() {
     assert_eq!(leftovers(&dir), Vec::<String>::new(), "files left in /dev/shm");
 }
 
+/// Rank 1 is given a node map the others are not: every rank fails naming
+/// the disagreement (instead of ranks choosing different transports and
+/// waiting for each other).
+#[test]
+fn a_node_map_that_disagrees_between_ranks_is_an_error_on_every_rank() {
+    let (dir, outs) = start(3, &[("USERBOOT_ODD_NODES", "1")]);
+    for (r, o) in outs.iter().enumerate() {
+        let t = text(o);
+        assert_eq!(o.status.code(), Some(1), "rank {r}:\n{t}");
+        assert!(t.contains("the node map disagrees between ranks: rank"), "rank {r}:\n{t}");
+    }
+    let t = text(&outs[1]);
+    assert!(t.contains("rank 1 and rank 0 were given different maps (rank 1's: [0, 0, 1])"), "{t}");
+    let t = text(&outs[0]);
+    assert!(t.contains("rank 0 and rank 1 were given different maps (rank 0's: [0, 0, 0])"), "{t}");
+    assert_eq!(leftovers(&dir), Vec::<String>::new(), "files left in /dev/shm");
+}
+
 /// A temporary directory removed at drop (no crate for it in this workspace).
 mod tempdir {
     pub struct Dir(pub std::path::PathBuf);
