@@ -455,7 +455,10 @@ pub fn transport_problem(choice: &str) -> Option<String> {
              (cargo build --features fmx/{f}; it needs {})",
             if f == "verbs" { "libibverbs-dev" } else { "libfabric-dev" }
         ),
-        _ => format!("unknown transport {choice:?} (this build has: {known}; others: verbs, ofi, shm+verbs, shm+ofi)"),
+        _ => format!(
+            "unknown transport {choice:?} (this build has: {known}; the cargo feature `verbs` adds verbs and shm+verbs, \
+             `ofi` adds ofi and shm+ofi)"
+        ),
     })
 }
 

@@ -40,7 +40,9 @@ fn bad_arguments_are_named() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("'-n <N>': \"x\" is not a number"));
     let out = fmxrun().args(["-n", "2", "--transport", "carrier-pigeon", "true"]).output().unwrap();
-    assert!(String::from_utf8_lossy(&out.stderr).contains("unknown transport \"carrier-pigeon\""));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("unknown transport \"carrier-pigeon\" (this build has: auto, shm"), "{err}");
+    assert!(err.contains("the cargo feature `verbs` adds verbs and shm+verbs, `ofi` adds ofi and shm+ofi"), "{err}");
     // A transport this build lacks: the feature that adds it.
     if !cfg!(feature = "verbs") {
         let out = fmxrun().args(["-n", "2", "--transport", "shm+verbs", "true"]).output().unwrap();
