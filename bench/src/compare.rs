@@ -60,7 +60,10 @@ pub struct Args {
     /// One JSON document (metadata with the peers' versions, the table's rows with ratios, every sweep) instead of the table
     #[arg(long, conflicts_with_all = ["tail", "update_readme"])]
     pub json: bool,
-    /// Interleaved runs per side for --tail (medians and ranges are shown)
+    /// Instead: the message rate (mbw_mr, window 64) at the first of --sizes with 1 and 2 pairs, fmx beside each peer
+    #[arg(long, conflicts_with_all = ["tail", "json"])]
+    pub rate: bool,
+    /// Interleaved runs per side for --tail and --rate (medians and ranges are shown)
     #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u64).range(1..))]
     pub reps: u64,
     /// Timed round trips per run for --tail
@@ -140,6 +143,9 @@ pub fn main(a: &Args) -> Result<(), String> {
     }
     if a.tail {
         return tail(a);
+    }
+    if a.rate {
+        return crate::compare_rate::main(a);
     }
     let max = sizes.iter().copied().max().unwrap_or(8).next_power_of_two();
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;

@@ -8,6 +8,7 @@ pub mod check_cost;
 pub mod cli;
 pub mod compare;
 pub mod compare_json;
+pub mod compare_rate;
 pub mod limits;
 pub mod meta;
 pub mod neighbor;
