@@ -19,7 +19,9 @@ pub fn choose(asked: Option<(u32, u32)>, nodes: &[u32]) -> Result<(u32, u32), St
             Err(format!("--pair {a},{b}: rank {} is not in the world of {size} ranks", if a >= size { a } else { b }))
         }
         Some(p) => Ok(p),
-        None if size < 2 => Err(format!("fmx-perf needs at least 2 ranks; the world has {size}")),
+        None if size < 2 => Err(format!(
+            "fmx-perf needs at least 2 ranks; the launcher's world has {size} (start it with 2 or more, or alone, without a launcher, to start a pair of its own)"
+        )),
         None => Ok((0, (1..size).find(|&r| nodes[r as usize] != nodes[0]).unwrap_or(1))),
     }
 }
@@ -71,7 +73,7 @@ mod tests {
     fn a_bad_pair_is_named() {
         assert_eq!(choose(Some((1, 1)), &[0, 0]), Err("--pair 1,1: the pair must be two different ranks".into()));
         assert_eq!(choose(Some((0, 5)), &[0, 0]), Err("--pair 0,5: rank 5 is not in the world of 2 ranks".into()));
-        assert_eq!(choose(None, &[0]), Err("fmx-perf needs at least 2 ranks; the world has 1".into()));
+        assert!(choose(None, &[0]).unwrap_err().starts_with("fmx-perf needs at least 2 ranks; the launcher's world has 1 (start it"));
         assert!(parse("3").unwrap_err().contains("expected two ranks, A,B"));
         assert_eq!(parse("2, 7"), Ok((2, 7)));
     }
