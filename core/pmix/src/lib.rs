@@ -429,6 +429,11 @@ impl Client {
 /// The fence's state word while the server has not answered (`PMIx` statuses are 0 or negative).
 const FENCE_PENDING: i32 = i32::MAX;
 
+/// `PMIx_Fence_nb`'s completion callback: publishes the outcome.
+///
+/// # Safety
+/// Only PMIx calls it, once per fence it accepted, with the `cbdata` that
+/// `fence_start` passed (an `Arc<AtomicI32>` turned into a raw pointer).
 unsafe extern "C" fn fence_done(status: sys::pmix_status_t, cbdata: *mut c_void) {
     // SAFETY: `cbdata` is the Arc::into_raw reference fence_start gave this callback, which
     // PMIx calls once per accepted request: taking it back here releases it exactly once.
