@@ -3,6 +3,18 @@
 pub mod launchers;
 pub mod topology;
 
+/// `timeout 120 mpirun.openmpi` on loopback only, oversubscribing the cores
+/// and allowed to run as root (as CI does), with fmx's own variables that a
+/// test's environment could leak removed; the caller adds `-x`, `-np` and
+/// the program.
+pub fn open_mpi_run() -> std::process::Command {
+    let mut c = std::process::Command::new("timeout");
+    c.args(["120", "mpirun.openmpi", "--oversubscribe", "--mca", "oob_tcp_if_include", "lo", "--mca", "btl_tcp_if_include", "lo"]);
+    c.env("OMPI_ALLOW_RUN_AS_ROOT", "1").env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1");
+    c.env_remove("FMX_RENDEZVOUS").env_remove("PMI_FD").env_remove("FMX_PMI");
+    c
+}
+
 /// A job's captured output, one `[rank] line` (or `[rank err] line`) per line, for assertion messages.
 pub fn dump(o: &fmx_launcher::Outcome) -> String {
     o.lines.iter().map(|(r, e, l)| format!("[{r}{}] {l}\n", if *e { " err" } else { "" })).collect()

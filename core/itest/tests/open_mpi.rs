@@ -7,18 +7,14 @@
 //! --ignored`. There, a missing `mpirun.openmpi` is a failure, never a pass.
 #![cfg(feature = "pmix")]
 
-use std::process::{Command, Output};
+use std::process::Output;
 
 const RANK: &str = env!("CARGO_BIN_EXE_fmx-itest-rank");
 
 /// `mpirun -np NP RANK SCENARIO` on loopback, oversubscribing the cores;
 /// `env` is passed to the ranks (`-x`).
 fn mpirun(np: u32, scenario: &str, env: &[(&str, &str)]) -> Output {
-    let mut c = Command::new("timeout");
-    c.args(["120", "mpirun.openmpi", "--oversubscribe", "--mca", "oob_tcp_if_include", "lo", "--mca", "btl_tcp_if_include", "lo"]);
-    // Root runs the tests in CI; Open MPI refuses root without both.
-    c.env("OMPI_ALLOW_RUN_AS_ROOT", "1").env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1");
-    c.env_remove("FMX_RENDEZVOUS").env_remove("PMI_FD").env_remove("FMX_PMI");
+    let mut c = fmx_itest::open_mpi_run();
     for (k, v) in env {
         c.env(k, v).args(["-x", k]);
     }

@@ -187,11 +187,8 @@ fn launchers_fmx_cannot_use_are_refused_by_name() {
 #[test]
 #[ignore = "needs Open MPI's mpirun: scripts/test-all installs it and runs these"]
 fn mpirun_on_a_build_without_pmix_is_refused() {
-    let mut c = Command::new("timeout");
-    c.args(["120", "mpirun.openmpi", "--oversubscribe", "--mca", "oob_tcp_if_include", "lo", "--mca", "btl_tcp_if_include", "lo"]);
+    let mut c = fmx_itest::open_mpi_run();
     c.args(["-np", "4", RANK, "identity"]);
-    c.env("OMPI_ALLOW_RUN_AS_ROOT", "1").env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1");
-    c.env_remove("FMX_RENDEZVOUS").env_remove("PMI_FD").env_remove("FMX_PMI");
     let o = c.output().expect("running timeout mpirun.openmpi");
     assert_ne!(o.status.code(), Some(127), "mpirun.openmpi is missing: scripts/ensure-packages pmix installs Open MPI");
     assert!(!o.status.success(), "four worlds of one ran:\n{}", text(&o));
