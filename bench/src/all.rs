@@ -75,7 +75,8 @@ pub fn main(a: &Args) -> Result<(), String> {
     // the largest size's bandwidth against memcpy of that size.
     let (small, large) = (a.sizes.min.unwrap_or(1).max(1).next_power_of_two(), a.sizes.max);
     let large = memcpy.iter().map(|r| r.0).filter(|&s| s <= large).max().unwrap_or(large);
-    let mut t = String::from("# fmx against the floor of this host\n| test | size | fmx | floor | fmx / floor |\n|---|---:|---:|---:|---:|\n");
+    let mut t =
+        String::from("# fmx against the floor of this host\n| test | size | fmx | floor | fmx / floor |\n|---|---:|---:|---:|---:|\n");
     if let Some(lat) = at(&outputs[0].1, small) {
         let floor = handoff_ns / 1000.0;
         t.push_str(&format!("| latency (us) | {small} B | {lat:.3} | {floor:.3} (one cache-line handoff) | {:.2}x |\n", lat / floor));

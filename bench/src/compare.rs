@@ -96,7 +96,16 @@ fn tail(a: &Args) -> Result<(), String> {
         }
     }
     for _ in 0..a.reps {
-        let out = crate::peers::run(Command::new(&exe).args(["latency", "-m", &format!("{size}:{size}"), "-i", &iters, "-x", "1000", "--stats"]))?;
+        let out = crate::peers::run(Command::new(&exe).args([
+            "latency",
+            "-m",
+            &format!("{size}:{size}"),
+            "-i",
+            &iters,
+            "-x",
+            "1000",
+            "--stats",
+        ]))?;
         sides[0].1.push(stats_row(&out, size).ok_or_else(|| format!("fmx-perf printed no stats row:\n{out}"))?);
         for (i, (mpi, bin)) in peers.iter().enumerate() {
             let mut c = mpi.launcher()?;
@@ -250,7 +259,14 @@ fn json_report(
             ratios: "above 1 means fmx is better: peer latency / fmx latency, fmx bandwidth / peer bandwidth",
         },
         results,
-        sweeps: curves.iter().map(|(who, test, rows)| Sweep { who: who.clone(), test: if *test == "latency" { "latency" } else { "bw" }, points: rows.clone() }).collect(),
+        sweeps: curves
+            .iter()
+            .map(|(who, test, rows)| Sweep {
+                who: who.clone(),
+                test: if *test == "latency" { "latency" } else { "bw" },
+                points: rows.clone(),
+            })
+            .collect(),
     })
 }
 

@@ -116,7 +116,13 @@ mod tests {
                 not_compared: vec![],
                 ratios: "r",
             },
-            results: vec![Row { test: "latency", size: 8, unit: "us", values: BTreeMap::from([("fmx".into(), fmx)]), fmx_ratio: BTreeMap::new() }],
+            results: vec![Row {
+                test: "latency",
+                size: 8,
+                unit: "us",
+                values: BTreeMap::from([("fmx".into(), fmx)]),
+                fmx_ratio: BTreeMap::new(),
+            }],
             sweeps: vec![],
         }
     }

@@ -61,7 +61,15 @@ pub fn main(a: &Args) -> Result<(), String> {
         let mut sides: Vec<Vec<f64>> = vec![Vec::new(); 1 + peers.len()];
         for _ in 0..a.reps {
             let s = size.to_string();
-            let out = crate::peers::run(Command::new(&exe).args(["mbw_mr", "--pairs", &pairs.to_string(), "-m", &format!("{s}:{s}"), "-W", "64"]))?;
+            let out = crate::peers::run(Command::new(&exe).args([
+                "mbw_mr",
+                "--pairs",
+                &pairs.to_string(),
+                "-m",
+                &format!("{s}:{s}"),
+                "-W",
+                "64",
+            ]))?;
             sides[0].push(rate_of(&out, size).ok_or_else(|| format!("fmx-perf mbw_mr printed no row for {size} B:\n{out}"))?);
             for (i, (mpi, bin)) in peers.iter().enumerate() {
                 let out = crate::peers::run(peer_command(*mpi, pairs)?.arg(bin).args(["mbw_mr", &s]))?;
@@ -76,7 +84,9 @@ pub fn main(a: &Args) -> Result<(), String> {
         }
         t.push('\n');
     }
-    t.push_str("\nA ratio above 1 means fmx moves more messages per second. Two pairs are four ranks: on a 2-core machine they share cores.\n");
+    t.push_str(
+        "\nA ratio above 1 means fmx moves more messages per second. Two pairs are four ranks: on a 2-core machine they share cores.\n",
+    );
     print!("{t}");
     if let Some(path) = &a.update_readme {
         crate::report::update_readme(path, "rate-table", &t)?;

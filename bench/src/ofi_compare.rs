@@ -64,11 +64,7 @@ fn fmx(o: &Args, test: &str, size: usize) -> Result<f64, String> {
         None => cmd.env_remove("FMX_OFI_DOMAIN"),
     };
     let out = crate::peers::run(&mut cmd)?;
-    parse_osu(&out)
-        .iter()
-        .find(|r| r.0 == size)
-        .map(|r| r.1)
-        .ok_or_else(|| format!("fmx-perf {test} printed no {size} B row:\n{out}"))
+    parse_osu(&out).iter().find(|r| r.0 == size).map(|r| r.1).ok_or_else(|| format!("fmx-perf {test} printed no {size} B row:\n{out}"))
 }
 
 /// The domain of rank (or fi_pingpong side) `i`: `--domain a,b` gives rank 0 `a` and rank 1 `b`.

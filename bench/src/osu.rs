@@ -70,7 +70,8 @@ pub fn run(fmx: &Fmx, world: &fmx::Comm, p: &Params, mut emit: impl FnMut(Row) -
     let max = p.sizes().last().copied().unwrap_or(0);
     let mut sbuf = buffer(fmx, p.plain, max, b'a').map_err(e2s)?;
     let mut rbuf = buffer(fmx, p.plain, max, b'b').map_err(e2s)?;
-    let mut progress = (world.rank() == 0).then(|| crate::progress::Progress::for_rank(p.sizes().len(), &format!("fmx-perf {}", p.test.name())));
+    let mut progress =
+        (world.rank() == 0).then(|| crate::progress::Progress::for_rank(p.sizes().len(), &format!("fmx-perf {}", p.test.name())));
     for size in p.sizes() {
         if let Some(pr) = progress.as_mut() {
             pr.step(format!("{size} B"));
@@ -171,7 +172,16 @@ fn bw(c: &Comm, s: &[u8], r: &mut [u8], iters: usize, warmup: usize, window: usi
 /// osu_mbw_mr: ranks `0..pairs` each stream a window to their partner
 /// `rank + pairs` and wait for its 4-byte ack, all pairs at once.
 #[allow(clippy::too_many_arguments)]
-fn mbw_mr(c: &Comm, s: &[u8], r: &mut [u8], iters: usize, warmup: usize, window: usize, pairs: usize, clock: &mut Clock) -> fmx::Result<()> {
+fn mbw_mr(
+    c: &Comm,
+    s: &[u8],
+    r: &mut [u8],
+    iters: usize,
+    warmup: usize,
+    window: usize,
+    pairs: usize,
+    clock: &mut Clock,
+) -> fmx::Result<()> {
     let me = c.rank() as usize;
     let mut ack = [0u8; 4];
     for i in 0..iters + warmup {

@@ -116,7 +116,9 @@ impl Params {
         p.gbits = a.report_gbits;
         p.plain = a.plain;
         if a.pair.is_some() && test == Test::MbwMr {
-            return Err("--pair chooses one pair; mbw_mr streams between the halves of the world (across nodes where there are several)".into());
+            return Err(
+                "--pair chooses one pair; mbw_mr streams between the halves of the world (across nodes where there are several)".into()
+            );
         }
         p.pair = a.pair;
         Ok(p)

@@ -56,9 +56,8 @@ impl Mpi {
         let (cc_var, cc, run_var, run, pkg) = self.names();
         let find = |var: &str, default: &str| {
             let name = std::env::var(var).unwrap_or_else(|_| default.to_owned());
-            which(&name).ok_or_else(|| {
-                format!("{}: {name} not found on PATH (apt-get install {pkg}, or set {var} to its path)", self.name())
-            })
+            which(&name)
+                .ok_or_else(|| format!("{}: {name} not found on PATH (apt-get install {pkg}, or set {var} to its path)", self.name()))
         };
         Ok((find(cc_var, cc)?, find(run_var, run)?))
     }

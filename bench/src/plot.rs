@@ -23,7 +23,14 @@ impl Series {
     }
 }
 
-const COLORS: [RGBColor; 6] = [RGBColor(31, 119, 180), RGBColor(214, 39, 40), RGBColor(44, 160, 44), RGBColor(148, 103, 189), RGBColor(255, 127, 14), RGBColor(90, 90, 90)];
+const COLORS: [RGBColor; 6] = [
+    RGBColor(31, 119, 180),
+    RGBColor(214, 39, 40),
+    RGBColor(44, 160, 44),
+    RGBColor(148, 103, 189),
+    RGBColor(255, 127, 14),
+    RGBColor(90, 90, 90),
+];
 
 fn human(bytes: f64) -> String {
     let b = bytes.round() as u64;
@@ -39,7 +46,12 @@ fn size_keys(min: f64, max: f64) -> Vec<f64> {
     (0..=32).map(|i| f64::from(1u32 << (2 * i).min(31))).filter(|&k| k >= min / 1.5 && k <= max * 1.5).collect()
 }
 
-fn panel<DB: DrawingBackend>(area: &DrawingArea<DB, plotters::coord::Shift>, title: &str, unit: &str, series: &[Series]) -> Result<(), String>
+fn panel<DB: DrawingBackend>(
+    area: &DrawingArea<DB, plotters::coord::Shift>,
+    title: &str,
+    unit: &str,
+    series: &[Series],
+) -> Result<(), String>
 where
     DB::ErrorType: 'static,
 {
@@ -71,7 +83,15 @@ where
         .x_desc("message size (bytes)")
         .y_desc(unit)
         .x_label_formatter(&|x| human(*x))
-        .y_label_formatter(&|y| if *y >= 10.0 { format!("{y:.0}") } else if *y >= 1.0 { format!("{y:.1}") } else { format!("{y:.2}") })
+        .y_label_formatter(&|y| {
+            if *y >= 10.0 {
+                format!("{y:.0}")
+            } else if *y >= 1.0 {
+                format!("{y:.1}")
+            } else {
+                format!("{y:.2}")
+            }
+        })
         .label_style(("sans-serif", 14))
         .draw()
         .map_err(e)?;

@@ -63,7 +63,11 @@ impl Progress {
     fn new(steps: usize, what: &str, target: Option<fn() -> Option<ProgressDrawTarget>>) -> Self {
         let bar = target.map(|_| {
             let b = ProgressBar::with_draw_target(Some(steps as u64), ProgressDrawTarget::hidden());
-            b.set_style(ProgressStyle::with_template("{prefix} [{bar:30}] {pos}/{len} {msg} ({elapsed})").expect("a valid template").progress_chars("=> "));
+            b.set_style(
+                ProgressStyle::with_template("{prefix} [{bar:30}] {pos}/{len} {msg} ({elapsed})")
+                    .expect("a valid template")
+                    .progress_chars("=> "),
+            );
             b.set_prefix(what.to_owned());
             b
         });

@@ -68,16 +68,37 @@ fn columns(p: &Params) -> String {
     match p.format {
         Format::Full => {
             let short = if p.test == Test::Latency { format!("Latency({u})") } else { format!("Bandwidth({u})") };
-            format!("{:<10}{:>20}{:>20}{:>20}{:>12}\n", "# Size", format!("Avg {short}"), format!("Min {short}"), format!("Max {short}"), "Iterations")
+            format!(
+                "{:<10}{:>20}{:>20}{:>20}{:>12}\n",
+                "# Size",
+                format!("Avg {short}"),
+                format!("Min {short}"),
+                format!("Max {short}"),
+                "Iterations"
+            )
         }
         Format::Stats if p.test == Test::Latency => format!(
             "{:>7} {:>11} {:>14} {:>14} {:>16} {:>14} {:>16} {:>22} {:>24}\n",
-            "#bytes", "#iterations", "t_min[usec]", "t_max[usec]", "t_typical[usec]", "t_avg[usec]", "t_stdev[usec]",
-            "99% percentile[usec]", "99.9% percentile[usec]"
+            "#bytes",
+            "#iterations",
+            "t_min[usec]",
+            "t_max[usec]",
+            "t_typical[usec]",
+            "t_avg[usec]",
+            "t_stdev[usec]",
+            "99% percentile[usec]",
+            "99.9% percentile[usec]"
         ),
         Format::Stats => {
             let u = if p.gbits { "Gb/sec" } else { "MB/sec" };
-            format!("{:>7} {:>11} {:>18} {:>21} {:>16}\n", "#bytes", "#iterations", format!("BW peak[{u}]"), format!("BW average[{u}]"), "MsgRate[Mpps]")
+            format!(
+                "{:>7} {:>11} {:>18} {:>21} {:>16}\n",
+                "#bytes",
+                "#iterations",
+                format!("BW peak[{u}]"),
+                format!("BW average[{u}]"),
+                "MsgRate[Mpps]"
+            )
         }
         _ if p.test == Test::MbwMr => format!("# Size{:>22}{:>18}\n", u, "Messages/s"),
         _ => format!("# Size{what:>22}\n"),

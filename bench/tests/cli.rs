@@ -104,9 +104,10 @@ fn osu_rows(out: &str) -> Vec<(u64, f64)> {
 #[test]
 fn default_output_is_osus_two_columns() {
     // Bandwidth from 4 KiB: two decimals of MB/s never round to 0 there, even on a loaded host.
-    for (test, unit, range, sizes) in
-        [("latency", "# Size          Latency (us)", "8:64", [8, 16, 32, 64]), ("bw", "# Size      Bandwidth (MB/s)", "4K:32K", [4096, 8192, 16384, 32768])]
-    {
+    for (test, unit, range, sizes) in [
+        ("latency", "# Size          Latency (us)", "8:64", [8, 16, 32, 64]),
+        ("bw", "# Size      Bandwidth (MB/s)", "4K:32K", [4096, 8192, 16384, 32768]),
+    ] {
         let o = perf(&[test, "-m", range, "-i", "20", "-x", "2", "-W", "4"]);
         assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
         let out = text(&o.stdout);
@@ -194,8 +195,14 @@ fn mbw_mr_limits_and_all_report_osu_rows_and_the_floor() {
     let o = perf(&["mbw_mr", "--pairs", "2", "-m", "8:16", "-i", "5", "-x", "1", "-W", "8"]);
     assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
     let out = text(&o.stdout);
-    assert!(out.contains("# pairs: 2, all at once") && out.contains("# streams (world rank, node): 0 (node 0) -> 2 (node 0), 1 (node 0) -> 3 (node 0)") && out.contains("Messages/s"), "{out}");
-    let rows: Vec<Vec<f64>> = out.lines().filter(|l| !l.starts_with('#')).map(|l| l.split_whitespace().map(|v| v.parse().unwrap()).collect()).collect();
+    assert!(
+        out.contains("# pairs: 2, all at once")
+            && out.contains("# streams (world rank, node): 0 (node 0) -> 2 (node 0), 1 (node 0) -> 3 (node 0)")
+            && out.contains("Messages/s"),
+        "{out}"
+    );
+    let rows: Vec<Vec<f64>> =
+        out.lines().filter(|l| !l.starts_with('#')).map(|l| l.split_whitespace().map(|v| v.parse().unwrap()).collect()).collect();
     assert_eq!(rows.len(), 2, "{out}");
     for r in &rows {
         // size, MB/s, messages/s: bytes per second / size is the message rate.
@@ -207,7 +214,15 @@ fn mbw_mr_limits_and_all_report_osu_rows_and_the_floor() {
     let o = perf(&["all", "-m", "8:16", "-i", "10"]);
     assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
     let out = text(&o.stdout);
-    for section in ["# fmx-perf latency", "# fmx-perf bw", "# fmx-perf bibw", "# fmx-perf mbw_mr", "# fmx-perf limits", "| latency (us) | 8 B |", "| bw (MB/s) | 16 B |"] {
+    for section in [
+        "# fmx-perf latency",
+        "# fmx-perf bw",
+        "# fmx-perf bibw",
+        "# fmx-perf mbw_mr",
+        "# fmx-perf limits",
+        "| latency (us) | 8 B |",
+        "| bw (MB/s) | 16 B |",
+    ] {
         assert!(out.contains(section), "no {section:?} in:\n{out}");
     }
 }
@@ -265,7 +280,10 @@ fn compare_json_is_one_valid_document() {
     assert_eq!(v["meta"]["tool"], "fmx-perf compare");
     assert!(v["meta"]["peers"].as_array().is_some_and(Vec::is_empty), "{v}");
     let rows = v["results"].as_array().expect("results");
-    assert_eq!(rows.iter().map(|r| (r["test"].as_str().unwrap(), r["size"].as_u64().unwrap())).collect::<Vec<_>>(), [("bw", 8), ("latency", 8)]);
+    assert_eq!(
+        rows.iter().map(|r| (r["test"].as_str().unwrap(), r["size"].as_u64().unwrap())).collect::<Vec<_>>(),
+        [("bw", 8), ("latency", 8)]
+    );
     for r in rows {
         assert!(r["values"]["fmx"].as_f64().is_some_and(|x| x.is_finite() && x > 0.0), "{r}");
     }

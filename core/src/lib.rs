@@ -102,7 +102,9 @@ use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-pub use bootstrap::{started_by_launcher, SpawnRequest, UserBootstrap, ENV_BOOT_TIMEOUT, ENV_LAUNCHER_PID, ENV_RECONFIG_REQUEST, ENV_RENDEZVOUS};
+pub use bootstrap::{
+    started_by_launcher, SpawnRequest, UserBootstrap, ENV_BOOT_TIMEOUT, ENV_LAUNCHER_PID, ENV_RECONFIG_REQUEST, ENV_RENDEZVOUS,
+};
 pub use select::{cleanup_job, job_file_globs};
 
 /// fmxrun's bootstrap protocol (frames, rounds, the failure notice), for the

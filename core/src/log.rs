@@ -24,9 +24,10 @@ pub(crate) fn filter_from_env() -> Option<String> {
 /// subscriber the program set first wins). A bad filter is an error naming it.
 pub(crate) fn init() -> crate::Result<()> {
     let Some(spec) = filter_from_env() else { return Ok(()) };
-    let filter = EnvFilter::builder()
-        .parse(&spec)
-        .map_err(|e| crate::Error::InvalidCount { what: "FMX_LOG", detail: format!("{spec:?} is not a log filter ({e}); use info, debug, trace or module=level,...") })?;
+    let filter = EnvFilter::builder().parse(&spec).map_err(|e| crate::Error::InvalidCount {
+        what: "FMX_LOG",
+        detail: format!("{spec:?} is not a log filter ({e}); use info, debug, trace or module=level,..."),
+    })?;
     let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(false).try_init();
     Ok(())
 }

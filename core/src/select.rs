@@ -488,10 +488,13 @@ pub fn transport_report() -> Vec<TransportInfo> {
     #[cfg(not(feature = "verbs"))]
     let verbs = (false, None);
     #[cfg(feature = "ofi")]
-    let ofi = (true, Some(fmx_ofi::info::describe().map(|mut v| {
-        v.insert(0, format!("libfabric {} (built against)", fmx_ofi::LIBFABRIC_VERSION));
-        v
-    })));
+    let ofi = (
+        true,
+        Some(fmx_ofi::info::describe().map(|mut v| {
+            v.insert(0, format!("libfabric {} (built against)", fmx_ofi::LIBFABRIC_VERSION));
+            v
+        })),
+    );
     #[cfg(not(feature = "ofi"))]
     let ofi = (false, None);
     vec![
@@ -502,12 +505,6 @@ pub fn transport_report() -> Vec<TransportInfo> {
             how_to_build: "the cargo feature `verbs` (fmx/verbs; needs libibverbs-dev)",
             found: verbs.1,
         },
-        TransportInfo {
-            name: "ofi",
-            built: ofi.0,
-            how_to_build: "the cargo feature `ofi` (fmx/ofi; needs libfabric-dev)",
-            found: ofi.1,
-        },
+        TransportInfo { name: "ofi", built: ofi.0, how_to_build: "the cargo feature `ofi` (fmx/ofi; needs libfabric-dev)", found: ofi.1 },
     ]
 }
-

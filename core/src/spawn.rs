@@ -67,7 +67,8 @@ impl Fmx {
                 detail: "the intercommunicator to the parent world was already taken (and may be freed)".into(),
             });
         }
-        let job = fmx_transport::settings::var("FMX_BRIDGE_JOB").ok_or_else(|| Error::Bootstrap("FMX_BRIDGE_JOB is not set (fmxrun sets it)".into()))?;
+        let job = fmx_transport::settings::var("FMX_BRIDGE_JOB")
+            .ok_or_else(|| Error::Bootstrap("FMX_BRIDGE_JOB is not set (fmxrun sets it)".into()))?;
         let n = env_u32("FMX_PARENT_SIZE")?.ok_or_else(|| Error::Bootstrap("FMX_PARENT_SIZE is not set (fmxrun sets it)".into()))?;
         let m = self.world.size();
         connect_bridge(&addr, job, n + self.world.rank(), n, m, false).map(Some)

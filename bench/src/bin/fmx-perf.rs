@@ -21,7 +21,10 @@ fn run_rank(p: &Params) -> Result<(), String> {
     let mut p = p.clone();
     if p.test == Test::MbwMr {
         if world.size() < 2 || world.size() % 2 != 0 {
-            return Err(format!("mbw_mr streams from one half of the world to the other, so it needs an even number of ranks; the world has {}", world.size()));
+            return Err(format!(
+                "mbw_mr streams from one half of the world to the other, so it needs an even number of ranks; the world has {}",
+                world.size()
+            ));
         }
         p.pairs = world.size() as usize / 2;
     }
@@ -45,7 +48,12 @@ fn run_rank(p: &Params) -> Result<(), String> {
         let route = if p.test == Test::MbwMr {
             format!("streams (world rank, node): {}", pair::describe_streams(&order, &nodes))
         } else {
-            format!("rank {a} (node {}) to rank {b} (node {}): {}", nodes[a as usize], nodes[b as usize], comm.transport_of(1).map_err(e2s)?)
+            format!(
+                "rank {a} (node {}) to rank {b} (node {}): {}",
+                nodes[a as usize],
+                nodes[b as usize],
+                comm.transport_of(1).map_err(e2s)?
+            )
         };
         let header = report::header(p, world.transport_name(), &route, &world.large_message_path());
         Some(Writer::new(std::io::stdout().lock(), p, &header)?)

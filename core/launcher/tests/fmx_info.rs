@@ -5,7 +5,9 @@ use std::process::Command;
 
 fn info(env: &[(&str, &str)], args: &[&str]) -> (i32, String) {
     let mut c = Command::new(env!("CARGO_BIN_EXE_fmx-info"));
-    for (k, _) in std::env::vars().filter(|(k, _)| k.starts_with("FMX_") || k.starts_with("PMI") || k.starts_with("OMPI_") || k.starts_with("SLURM_")) {
+    for (k, _) in
+        std::env::vars().filter(|(k, _)| k.starts_with("FMX_") || k.starts_with("PMI") || k.starts_with("OMPI_") || k.starts_with("SLURM_"))
+    {
         c.env_remove(k);
     }
     let o = c.envs(env.iter().copied()).args(args).output().expect("fmx-info runs");

@@ -76,11 +76,7 @@ fn help_version_and_bad_options_follow_the_conventions() {
         assert_eq!(out.status.code(), Some(0), "{flag}");
         assert!(String::from_utf8_lossy(&out.stdout).contains("fmxrun"), "{flag}: {}", String::from_utf8_lossy(&out.stdout));
     }
-    for (args, says) in [
-        (&["-n", "2", "--bogus", "true"][..], "'--bogus'"),
-        (&["--label", "true"], "-n <N>"),
-        (&["-n", "2"], "PROGRAM"),
-    ] {
+    for (args, says) in [(&["-n", "2", "--bogus", "true"][..], "'--bogus'"), (&["--label", "true"], "-n <N>"), (&["-n", "2"], "PROGRAM")] {
         let out = fmxrun().args(args).output().unwrap();
         let err = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");

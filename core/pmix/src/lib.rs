@@ -91,7 +91,8 @@ impl Infos {
         let mut info: sys::pmix_info_t = unsafe { std::mem::zeroed() };
         // SAFETY: `key` is one of the bindings' NUL-terminated key constants; `value` points
         // to a live T of the PMIx type `ty` (bool or int), which PMIx_Info_load copies.
-        let rc = unsafe { sys::PMIx_Info_load(&raw mut info, key.as_ptr().cast(), ptr::from_ref(value).cast(), ty as sys::pmix_data_type_t) };
+        let rc =
+            unsafe { sys::PMIx_Info_load(&raw mut info, key.as_ptr().cast(), ptr::from_ref(value).cast(), ty as sys::pmix_data_type_t) };
         debug_assert_eq!(rc, sys::PMIX_SUCCESS as i32);
         self.0.push(info);
     }
@@ -104,7 +105,11 @@ impl Infos {
     }
 
     fn ptr(&self) -> *const sys::pmix_info_t {
-        if self.0.is_empty() { ptr::null() } else { self.0.as_ptr() }
+        if self.0.is_empty() {
+            ptr::null()
+        } else {
+            self.0.as_ptr()
+        }
     }
 }
 
@@ -240,7 +245,11 @@ impl Client {
         let rc = unsafe { sys::PMIx_Get(&raw const who, key.as_ptr().cast(), infos.ptr(), infos.0.len(), &raw mut out) };
         let name = || {
             let k = String::from_utf8_lossy(key.strip_suffix(&[0]).unwrap_or(key)).into_owned();
-            if rank == RANK_WILDCARD { format!("PMIx_Get({k})") } else { format!("PMIx_Get({k} of rank {rank})") }
+            if rank == RANK_WILDCARD {
+                format!("PMIx_Get({k})")
+            } else {
+                format!("PMIx_Get({k} of rank {rank})")
+            }
         };
         check(rc, name)?;
         if out.is_null() {
@@ -355,7 +364,8 @@ impl Client {
         let for_callback = Arc::into_raw(Arc::clone(&state));
         // SAFETY: one proc and the infos, alive for the call (PMIx copies them before it
         // returns); the callback gets one reference to `state` that it releases (fence_done).
-        let rc = unsafe { sys::PMIx_Fence_nb(&raw const all, 1, infos.ptr(), infos.0.len(), Some(fence_done), for_callback.cast_mut().cast()) };
+        let rc =
+            unsafe { sys::PMIx_Fence_nb(&raw const all, 1, infos.ptr(), infos.0.len(), Some(fence_done), for_callback.cast_mut().cast()) };
         if rc != sys::PMIX_SUCCESS as i32 {
             // SAFETY: PMIx refused the request, so the callback will never run: the reference is ours again.
             drop(unsafe { Arc::from_raw(for_callback) });

@@ -48,7 +48,11 @@ pub(crate) fn describe_launcher() -> String {
             env("PMI_RANK").as_deref().unwrap_or("?")
         )
     } else if cfg!(feature = "pmix") && pmix_started() {
-        format!("a PMIx server (PMIX_NAMESPACE={}, PMIX_RANK={})", env("PMIX_NAMESPACE").as_deref().unwrap_or("?"), env("PMIX_RANK").as_deref().unwrap_or("?"))
+        format!(
+            "a PMIx server (PMIX_NAMESPACE={}, PMIX_RANK={})",
+            env("PMIX_NAMESPACE").as_deref().unwrap_or("?"),
+            env("PMIX_RANK").as_deref().unwrap_or("?")
+        )
     } else if let Some(why) = unclaimed::unusable_launcher(|k| std::env::var(k).ok()) {
         format!("refused: {why}")
     } else {

@@ -461,7 +461,12 @@ impl Engine {
                 let status = RawStatus { src: peer, tag, sent: key.len, capacity: dst.len() as u64 };
                 let split = key.len >= SPLIT_MIN && dst.len() as u64 >= key.len && self.tp.split_rendezvous_to(peer);
                 let n = dst.len().min(key.len as usize);
-                tracing::debug!(rank = self.me, "rendezvous: reading {n} of {} bytes from rank {peer}{}", key.len, if split { " (split: it writes half)" } else { "" });
+                tracing::debug!(
+                    rank = self.me,
+                    "rendezvous: reading {n} of {} bytes from rank {peer}{}",
+                    key.len,
+                    if split { " (split: it writes half)" } else { "" }
+                );
                 let mine = if split {
                     // Expose our buffer; the sender writes the second half while we read the first.
                     let half = (n / 2) & !63;

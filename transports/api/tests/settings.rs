@@ -31,7 +31,15 @@ fn not_a_setting(name: &str) -> bool {
 fn every_fmx_variable_in_the_sources_is_declared() {
     let root = workspace();
     let mut files = Vec::new();
-    for dir in ["core/src", "core/launcher/src", "transports/api/src", "transports/shm/src", "transports/verbs/src", "transports/ofi/src", "bench/src"] {
+    for dir in [
+        "core/src",
+        "core/launcher/src",
+        "transports/api/src",
+        "transports/shm/src",
+        "transports/verbs/src",
+        "transports/ofi/src",
+        "bench/src",
+    ] {
         rust_files(&root.join(dir), &mut files);
     }
     assert!(files.len() > 50, "found only {} source files under {}", files.len(), root.display());

@@ -219,7 +219,11 @@ impl OfiSetup {
         }
         {
             let (fabric, domain) = info.fabric_and_domain();
-            tracing::info!(rank = cfg.eager.rank, "provider {provider}, fabric {fabric}, domain {domain}, rma {rma}, mr_mode {:?}", info.mr_mode());
+            tracing::info!(
+                rank = cfg.eager.rank,
+                "provider {provider}, fabric {fabric}, domain {domain}, rma {rma}, mr_mode {:?}",
+                info.mr_mode()
+            );
         }
         let inject = info.inject_size();
         let max_msg = info.max_msg_size();

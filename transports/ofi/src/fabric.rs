@@ -192,7 +192,8 @@ impl Info {
         while !e.is_null() {
             // SAFETY: `e` walks the non-null entries of the list fi_getinfo returned,
             // alive until drop; every entry has its fabric_attr and domain_attr.
-            let (prov, dom, next) = unsafe { (Self::c_str((*(*e).fabric_attr).prov_name), Self::c_str((*(*e).domain_attr).name), (*e).next) };
+            let (prov, dom, next) =
+                unsafe { (Self::c_str((*(*e).fabric_attr).prov_name), Self::c_str((*(*e).domain_attr).name), (*e).next) };
             if !out.iter().any(|o| o.0 == prov && o.1 == dom) {
                 out.push((prov, dom));
             }

@@ -11,7 +11,10 @@ pub fn describe() -> Result<Vec<String>, String> {
         .into_iter()
         .map(|(p, d)| {
             let with_rma = rma.iter().any(|r| r.0 == p && r.1 == d);
-            format!("{p:<16} domain {d:<20} tagged, send-after-send order{}", if with_rma { ", RMA" } else { " (no RMA: FMX_OFI_RMA=0 path)" })
+            format!(
+                "{p:<16} domain {d:<20} tagged, send-after-send order{}",
+                if with_rma { ", RMA" } else { " (no RMA: FMX_OFI_RMA=0 path)" }
+            )
         })
         .collect())
 }

@@ -724,7 +724,11 @@ impl RdmaDevice for VerbsEndpoint {
                     }
                 };
                 if let Some((status, vendor)) = wc.error() {
-                    tracing::debug!(rank = self.st.rank, "receive completion from peer {peer}: {} (vendor {vendor:#x})", status_name(status));
+                    tracing::debug!(
+                        rank = self.st.rank,
+                        "receive completion from peer {peer}: {} (vendor {vendor:#x})",
+                        status_name(status)
+                    );
                     let reason = status_name(status);
                     let flushed = reason.starts_with("flushed");
                     self.st.mark_dead(peer, format!("device {} reported on receive: {reason}", self.device), flushed);

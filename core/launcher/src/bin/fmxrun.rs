@@ -65,7 +65,10 @@ fn main() {
     if program.to_string_lossy().starts_with('-') {
         // With hyphen values allowed for the program's own arguments, an
         // unknown fmxrun option lands here: say so, as clap would.
-        eprintln!("error: unexpected argument '{}' found (fmxrun's options go before PROGRAM)\n\nFor more information, try '--help'.", program.to_string_lossy());
+        eprintln!(
+            "error: unexpected argument '{}' found (fmxrun's options go before PROGRAM)\n\nFor more information, try '--help'.",
+            program.to_string_lossy()
+        );
         std::process::exit(2);
     }
     let mut l = fmx_launcher::Launch::new(cli.np, program);

@@ -144,7 +144,11 @@ mod tests {
         names.dedup();
         assert_eq!(names.len(), n, "a name is declared twice");
         for s in SETTINGS {
-            assert!(s.name.starts_with("FMX_") && s.name.bytes().all(|b| b.is_ascii_uppercase() || b.is_ascii_digit() || b == b'_'), "{}", s.name);
+            assert!(
+                s.name.starts_with("FMX_") && s.name.bytes().all(|b| b.is_ascii_uppercase() || b.is_ascii_digit() || b == b'_'),
+                "{}",
+                s.name
+            );
             let prefix = match s.scope {
                 Scope::Shm => Some("FMX_SHM_"),
                 Scope::Verbs => Some("FMX_VERBS_"),
