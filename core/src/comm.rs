@@ -275,6 +275,9 @@ impl Comm {
     pub(crate) fn send_on<T: Pod>(&self, ctx: u32, buf: &[T], dest: u32, tag: u32) -> Result<()> {
         self.sh.check_live("send")?;
         let w = self.check_rank("send destination", dest)?;
+        if self.sh.engine.borrow_mut().send_inline(ctx, tag, w, bytemuck::cast_slice(buf)).map_err(|err| self.localize(err))? {
+            return Ok(());
+        }
         // The fast path of `scope` + `isend` + `wait`, without the scope's bookkeeping.
         fmx_transport::lend::lend_scope(&self.sh.lend, |lender| {
             let lent = lender.lend(bytemuck::cast_slice(buf));

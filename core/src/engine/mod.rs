@@ -185,6 +185,19 @@ impl Engine {
         self.me
     }
 
+    /// Sends `data` to world rank `dest` at once when it is eager and nothing
+    /// waits before it: a blocking send that completes inline needs no
+    /// request and no lend. `false`: it did not go out (the caller takes the
+    /// request path, which queues it).
+    #[inline]
+    pub(crate) fn send_inline(&mut self, ctx: u32, tag: u32, dest: u32, data: &[u8]) -> Result<bool> {
+        if data.len() > self.max_eager || !self.outq[queue(dest, MsgKind::Eager)].is_empty() {
+            return Ok(false);
+        }
+        let header = MsgHeader::eager(match_bits(ctx, tag), data.len(), 0);
+        Ok(self.tp.try_send(dest, &header, data)? == SendOutcome::Sent)
+    }
+
     /// Starts a send of the lent buffer `buf` to world rank `dest`.
     pub(crate) fn start_send(&mut self, lend: &LendTable, ctx: u32, tag: u32, dest: u32, buf: Lent) -> Result<ReqId> {
         let req = self.reqs.insert(WaitsOn::Peer(dest), "sending");
@@ -553,7 +566,9 @@ impl Engine {
         mut check: impl FnMut(&mut Self, &mut LendTable) -> Result<()>,
     ) -> Result<()> {
         let mut idle = 0u32;
-        let mut last_check = Instant::now();
+        // Read the clock only once the wait idles: a wait that a poll or two
+        // ends (a ping-pong) never pays for it.
+        let mut last_check: Option<Instant> = None;
         while !done(self) {
             if self.progress(lend)? > 0 {
                 idle = 0;
@@ -567,8 +582,9 @@ impl Engine {
             if let Some(hook) = self.on_idle {
                 hook();
             }
-            if last_check.elapsed() >= LIVENESS_EVERY {
-                last_check = Instant::now();
+            let since = *last_check.get_or_insert_with(Instant::now);
+            if since.elapsed() >= LIVENESS_EVERY {
+                last_check = Some(Instant::now());
                 check(self, lend)?;
             }
         }
