@@ -18,7 +18,7 @@ use fmx_transport::pool::{HugePages, Lease, Pool, PoolConfig, RegistrationHook};
 use fmx_transport::rdma::{
     anonymous,
     sealed::{Core, Sealed},
-    EagerConfig, Posted, RdmaDevice, RdmaState, Registry,
+    Access, EagerConfig, Local, Memory, Posted, RdmaDevice, RdmaState, DEFAULT_BOUNCE_BYTES,
 };
 use fmx_transport::settings::{env_number, env_positive};
 use fmx_transport::{Arrival, PeerId, RemoteKey, SendOutcome, TransportError, HEADER_BYTES};
@@ -117,6 +117,23 @@ impl RegistrationHook for OfiHook {
     }
 }
 
+/// Registers bounce-buffer chunks for every access.
+pub struct BounceHook(Arc<Fabric>, Arc<AtomicU64>);
+
+impl RegistrationHook for BounceHook {
+    type Handle = Mr;
+    fn register(&mut self, chunk: &mut [u8]) -> Result<Mr, TransportError> {
+        self.1.fetch_add(1, Ordering::Relaxed);
+        self.0.register(chunk.as_ptr(), chunk.len(), ALL_ACCESS)
+    }
+    fn deregister(&mut self, handle: Mr) {
+        drop(handle);
+    }
+}
+
+/// Every access a buffer registered for its lifetime may serve.
+const ALL_ACCESS: u64 = (sys::FI_SEND | sys::FI_RECV | sys::FI_READ | sys::FI_WRITE | sys::FI_REMOTE_READ | sys::FI_REMOTE_WRITE) as u64;
+
 /// A context handed to libfabric with each operation (FI_CONTEXT2 mode:
 /// the provider may use it until the completion).
 #[repr(C)]
@@ -156,7 +173,7 @@ pub(crate) type Piece = fmx_transport::ops::Piece<*mut c_void>;
 
 /// RMA operations: the local side is registered for the operation on
 /// FI_MR_LOCAL providers (dropped at completion).
-type Operations = fmx_transport::ops::Operations<Option<Mr>, *mut c_void>;
+type Operations = fmx_transport::ops::Operations<Local<Mr>, *mut c_void>;
 
 /// How the libfabric endpoint reaches a peer.
 pub struct Link {
@@ -287,8 +304,14 @@ impl OfiSetup {
             arrived: VecDeque::new(),
             unposted: VecDeque::new(),
             ops: Operations::default(),
-            exposed: HashMap::new(),
-            registry: Registry::default(),
+            // A provider that wants local descriptors registers with a
+            // device (verbs;ofi_rxm: ibv_reg_mr), so small plain slices are
+            // copied as verbs does; tcp and shm register in software.
+            memory: Memory::new(
+                BounceHook(fabric.clone(), registrations.clone()),
+                if fabric.mr_mode.local { DEFAULT_BOUNCE_BYTES } else { 0 },
+                fabric.mr_mode.local,
+            ),
             peer_timeout: cfg.peer_timeout,
             recv_slots,
             ctrl_slots,
@@ -398,10 +421,8 @@ pub struct OfiEndpoint {
     /// Slots consumed whose repost the provider refused for now: (slot, sender, class).
     unposted: VecDeque<(usize, PeerId, Class)>,
     ops: Operations,
-    /// By (peer-visible address, key).
-    exposed: HashMap<(u64, u64), Mr>,
-    /// The core's registered buffers, by start address.
-    registry: Registry<Mr>,
+    /// Owned registrations, exposures, bounce buffers.
+    memory: Memory<BounceHook>,
     /// See [`OfiConfig::peer_timeout`].
     peer_timeout: Duration,
     recv_slots: usize,
@@ -675,18 +696,6 @@ impl OfiEndpoint {
     /// A local descriptor for `[addr, addr+len)`: a registered buffer of the
     /// core, nothing where the provider needs none, else a registration for
     /// this operation.
-    fn local_desc(&mut self, peer: PeerId, addr: u64, len: usize, access: u64) -> Result<(*mut c_void, Option<Mr>), TransportError> {
-        if let Some(desc) = self.registry.find(addr, len).map(|mr| mr.desc) {
-            self.st.stats.owned_hits += 1;
-            return Ok((desc, None));
-        }
-        if !self.fabric.mr_mode.local {
-            return Ok((ptr::null_mut(), None));
-        }
-        let mr = self.register_per_op(peer, addr as *const u8, len, access)?;
-        Ok((mr.desc, Some(mr)))
-    }
-
     fn register_per_op(&mut self, peer: PeerId, addr: *const u8, len: usize, access: u64) -> Result<Mr, TransportError> {
         self.st.count_per_operation();
         self.fabric.register(addr, len, access).map_err(|e| TransportError::Io {
@@ -823,28 +832,35 @@ impl Sealed for OfiEndpoint {}
 
 impl RdmaDevice for OfiEndpoint {
     type Link = Link;
-    type Local = Option<Mr>;
     type Desc = *mut c_void;
+    type Mr = Mr;
+    type Hook = BounceHook;
 
     fn operations(&mut self, _: Core) -> &mut Operations {
         &mut self.ops
     }
 
-    fn max_piece(&self) -> usize {
-        self.piece
+    fn memory(&mut self, _: Core) -> &mut Memory<BounceHook> {
+        &mut self.memory
     }
 
-    fn local_side(
-        &mut self,
-        _: Core,
-        peer: PeerId,
-        local: *mut u8,
-        len: usize,
-        read: bool,
-    ) -> Result<(u64, *mut c_void, Option<Mr>), TransportError> {
-        let access = u64::from(if read { sys::FI_READ } else { sys::FI_WRITE });
-        let (desc, mr) = self.local_desc(peer, local as u64, len, access)?;
-        Ok((local as u64, desc, mr))
+    fn register(&mut self, _: Core, peer: PeerId, ptr: *const u8, len: usize, access: Access) -> Result<Mr, TransportError> {
+        let access = match access {
+            Access::ReadInto => sys::FI_READ,
+            Access::WriteFrom => sys::FI_WRITE,
+            Access::PeerReads => sys::FI_REMOTE_READ,
+            Access::PeerWrites => sys::FI_REMOTE_WRITE,
+            Access::Any => return self.fabric.register(ptr, len, ALL_ACCESS),
+        };
+        self.fabric.register(ptr, len, u64::from(access)).map_err(|e| TransportError::Io {
+            op: "fi_mr_reg",
+            peer,
+            source: std::io::Error::other(e.to_string()),
+        })
+    }
+
+    fn max_piece(&self) -> usize {
+        self.piece
     }
 
     /// An `fi_read`/`fi_write`, or its emulation by tagged messages without RMA.
@@ -877,11 +893,10 @@ impl RdmaDevice for OfiEndpoint {
         })
     }
 
-    fn finish_local(&mut self, _: Core, id: u64, local: Option<Mr>, _succeeded: bool) {
+    fn operation_ended(&mut self, _: Core, id: u64) {
         if !self.rma {
             self.emulated_ids.retain(|_, o| *o != id);
         }
-        drop(local); // the per-operation registration, if any
     }
 
     fn before_posting(&mut self, _: Core) -> Result<(), TransportError> {
@@ -931,29 +946,15 @@ impl RdmaDevice for OfiEndpoint {
         self.repost_unposted()
     }
 
-    fn expose_region(&mut self, _: Core, ptr: *mut u8, len: usize, writable: bool) -> Result<RemoteKey, TransportError> {
-        if !self.rma {
-            return self.expose_emulated(ptr, len, writable);
-        }
-        let addr = ptr as u64;
-        if let Some(mr) = self.registry.find(addr, len) {
-            let key = RemoteKey { addr: mr.remote_addr(addr), len: len as u64, key: mr.key };
-            self.st.stats.owned_hits += 1;
-            return Ok(key);
-        }
-        let access = u64::from(if writable { sys::FI_REMOTE_WRITE } else { sys::FI_REMOTE_READ });
-        // An empty buffer still gets a valid (1-byte) registration: some providers refuse length 0.
-        let mr = self.register_per_op(self.st.rank, ptr, len.max(1), access)?;
-        let key = RemoteKey { addr: mr.remote_addr(addr), len: len as u64, key: mr.key };
-        self.exposed.insert((key.addr, key.key), mr);
-        Ok(key)
+    fn expose_without_rma(&mut self, _: Core, ptr: *mut u8, len: usize, writable: bool) -> Option<Result<RemoteKey, TransportError>> {
+        (!self.rma).then(|| self.expose_emulated(ptr, len, writable))
     }
 
-    fn end_exposure(&mut self, _: Core, key: &RemoteKey) {
+    fn end_exposure_without_rma(&mut self, _: Core, key: &RemoteKey) -> bool {
         if !self.rma {
-            return self.revoke_emulated(key);
+            self.revoke_emulated(key);
         }
-        self.exposed.remove(&(key.addr, key.key)); // an owned buffer: nothing to do
+        !self.rma
     }
 
     /// Closes the endpoint: libfabric then touches none of the buffers its
@@ -987,21 +988,6 @@ impl RdmaDevice for OfiEndpoint {
         } else {
             format!("GET requests and tagged messages (libfabric {} without FI_RMA)", self.provider)
         }
-    }
-
-    fn register_buffer(&mut self, _: Core, region: &[u8]) -> Result<(), TransportError> {
-        if region.is_empty() {
-            return Ok(());
-        }
-        self.st.count_registration();
-        let access = u64::from(sys::FI_SEND | sys::FI_RECV | sys::FI_READ | sys::FI_WRITE | sys::FI_REMOTE_READ | sys::FI_REMOTE_WRITE);
-        let mr = self.fabric.register(region.as_ptr(), region.len(), access)?;
-        self.registry.insert(mr);
-        Ok(())
-    }
-
-    fn deregister_buffer(&mut self, _: Core, region: &[u8]) {
-        self.registry.remove(region.as_ptr() as u64);
     }
 
     fn progress(&mut self, _: Core) -> Result<(), TransportError> {
@@ -1079,9 +1065,8 @@ impl Drop for OfiEndpoint {
         // The endpoint first: closing it cancels what is still posted into
         // our slots and contexts; regions and the domain close after.
         self.fabric.close_endpoint();
-        self.exposed.clear();
+        self.memory.clear();
         self.emulated.clear();
-        self.registry.clear();
         self.ops.clear();
     }
 }

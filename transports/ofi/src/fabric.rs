@@ -439,6 +439,20 @@ impl fmx_transport::rdma::Region for Mr {
     }
 }
 
+impl fmx_transport::rdma::Registration for Mr {
+    type Desc = *mut c_void;
+    const NO_DESC: *mut c_void = ptr::null_mut();
+    fn desc(&self) -> *mut c_void {
+        self.desc
+    }
+    fn remote_key(&self) -> u64 {
+        self.key
+    }
+    fn remote_addr(&self, addr: u64) -> u64 {
+        Mr::remote_addr(self, addr)
+    }
+}
+
 impl Mr {
     /// The address a peer uses for our `addr`.
     pub fn remote_addr(&self, addr: u64) -> u64 {

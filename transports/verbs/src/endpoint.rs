@@ -3,7 +3,7 @@
 //! FM's send rule), credit returns as 8-byte RDMA WRITEs into the peer's
 //! mailbox, and rendezvous as RDMA READ/WRITE between user buffers.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -15,10 +15,10 @@ use fmx_transport::pool::{HugePages, Lease, Pool, PoolConfig, RegistrationHook};
 use fmx_transport::rdma::{
     anonymous,
     sealed::{Core, Sealed},
-    setup_error, EagerConfig, Posted, RdmaDevice, RdmaState, Registry,
+    setup_error, Access as MemAccess, EagerConfig, Local, Memory, Posted, RdmaDevice, RdmaState,
 };
 use fmx_transport::settings::env_number as env_num;
-use fmx_transport::{Arrival, PeerId, RemoteKey, SendOutcome, TransportError, HEADER_BYTES};
+use fmx_transport::{Arrival, PeerId, SendOutcome, TransportError, HEADER_BYTES};
 use memmap2::MmapMut;
 
 use crate::address::Address;
@@ -81,7 +81,7 @@ impl VerbsConfig {
 }
 
 /// Registers pool chunks with `ibv_reg_mr`.
-struct VerbsHook {
+pub struct VerbsHook {
     pd: Arc<Pd>,
     access: Access,
     count: Arc<AtomicU64>,
@@ -109,29 +109,9 @@ enum Inflight {
     Nothing,
 }
 
-/// The local side of a one-sided operation.
-pub enum Local {
-    /// A buffer registered for its lifetime, or the empty slice.
-    Owned,
-    /// Registered for this operation; deregistered when it completes.
-    PerOp(Mr),
-    /// Copied through a bounce buffer; `dst` is the user's buffer for a READ.
-    Bounce { lease: Lease, dst: Option<(*mut u8, usize)> },
-}
-
 /// One-sided operations: pieces carry the lkey of their local memory.
-type Operations = fmx_transport::ops::Operations<Local, u32>;
+type Operations = fmx_transport::ops::Operations<Local<Mr>, u32>;
 type Piece<D> = fmx_transport::ops::Piece<D>;
-
-/// What backs a key handed out by `expose`.
-enum Exposure {
-    PerOp(Mr),
-    /// The peer writes into the bounce buffer; revoke copies it to `dst`.
-    Bounce {
-        lease: Lease,
-        dst: Option<(*mut u8, usize)>,
-    },
-}
 
 /// How the verbs endpoint reaches a peer: its queue pair and the work requests in flight on it.
 pub struct Link {
@@ -356,24 +336,18 @@ impl VerbsSetup {
             PoolConfig { buf_size: cfg.eager.slot_bytes, bufs_per_chunk: 64, max_chunks: SEND_BUFS / 64, huge_pages: HugePages::Never },
             hook(Access::Local),
         );
-        let bounce = Pool::new(
-            PoolConfig { buf_size: cfg.bounce_max.max(64), bufs_per_chunk: 8, max_chunks: 8, huge_pages: HugePages::Never },
-            hook(Access::Remote),
-        );
+        let memory = Memory::new(hook(Access::Remote), cfg.bounce_max, true);
         Ok(VerbsEndpoint {
             st: RdmaState::new(&cfg.eager, self.credit, self.registrations, self.mailbox, self.recv).with_peers(peers),
             max_inline,
-            bounce_max: cfg.bounce_max,
             // Pieces of at most 1 MiB: a long READ response on a slow link
             // (rxe under emulation) must not outlive the ACK timeout.
             max_msg: (self.chosen.port_attr.max_msg_sz as usize).clamp(1 << 16, MAX_PIECE),
             device: self.chosen.ctx.name.clone(),
             qpn_to_peer,
             ops: Operations::default(),
-            exposed: HashMap::new(),
-            registry: Registry::default(),
+            memory,
             send_pool,
-            bounce,
             recv_mr: self.recv_mr,
             _mailbox_mr: self.mailbox_mr,
             outbox: self.outbox,
@@ -410,16 +384,13 @@ pub(crate) fn connect_with_retry(qp: &Qp, timing: QpTiming, psn: u32, path: &Pee
 /// the domain, and the shared state last.
 pub struct VerbsEndpoint {
     max_inline: usize,
-    bounce_max: usize,
     max_msg: usize,
     device: String,
     qpn_to_peer: Vec<(u32, PeerId)>,
     ops: Operations,
-    /// By (address, key): one buffer may be exposed several times at once (a window of sends).
-    exposed: HashMap<(u64, u64), Exposure>,
-    registry: Registry<Mr>,
+    /// Owned registrations, exposures, bounce buffers.
+    memory: Memory<VerbsHook>,
     send_pool: Pool<VerbsHook>,
-    bounce: Pool<VerbsHook>,
     recv_mr: Mr,
     /// Registered for peers' credit writes; never read through.
     _mailbox_mr: Mr,
@@ -577,69 +548,37 @@ impl VerbsEndpoint {
             p.life.probe_answered();
         }
     }
-
-    /// The lkey for `[addr, addr+len)` if it lies in a registered buffer of the core.
-    /// The (lkey, rkey) of the registered buffer of the core that holds `[addr, addr+len)`.
-    fn owned_keys(&mut self, addr: u64, len: usize) -> Option<(u32, u32)> {
-        let hit = self.registry.find(addr, len).map(|mr| (mr.lkey(), mr.rkey()));
-        if hit.is_some() {
-            self.st.stats.owned_hits += 1;
-        }
-        hit
-    }
-
-    fn register_per_op(&mut self, peer: PeerId, addr: *const u8, len: usize, access: Access) -> Result<Mr, TransportError> {
-        self.st.count_per_operation();
-        Mr::register(&self.pd, addr, len, access).map_err(|source| TransportError::Io { op: "ibv_reg_mr", peer, source })
-    }
-
-    fn lease_bounce(&mut self) -> Result<Option<Lease>, TransportError> {
-        let l = self.bounce.lease()?;
-        if l.is_some() {
-            self.st.stats.bounced += 1;
-        }
-        Ok(l)
-    }
 }
 
 impl Sealed for VerbsEndpoint {}
 
 impl RdmaDevice for VerbsEndpoint {
     type Link = Link;
-    type Local = Local;
     type Desc = u32;
+    type Mr = Mr;
+    type Hook = VerbsHook;
 
     fn operations(&mut self, _: Core) -> &mut Operations {
         &mut self.ops
     }
 
-    fn max_piece(&self) -> usize {
-        self.max_msg
+    fn memory(&mut self, _: Core) -> &mut Memory<VerbsHook> {
+        &mut self.memory
     }
 
-    /// A registered buffer of the core as it is; a small plain slice through
-    /// a bounce buffer; anything else registered for this operation.
-    // Only the core calls it (the `Core` token), with memory the caller of an
-    // unsafe `Endpoint` method vouched for.
-    #[allow(clippy::not_unsafe_ptr_arg_deref)]
-    fn local_side(&mut self, _: Core, peer: PeerId, local: *mut u8, len: usize, read: bool) -> Result<(u64, u32, Local), TransportError> {
-        let addr = local as u64;
-        if let Some((lkey, _)) = self.owned_keys(addr, len) {
-            return Ok((addr, lkey, Local::Owned));
-        }
-        if len <= self.bounce_max {
-            if let Some(lease) = self.lease_bounce()? {
-                let buf = self.bounce.buf(&lease);
-                let (base, lkey) = (buf.as_ptr() as u64, self.bounce.handle(&lease).lkey());
-                if !read {
-                    // SAFETY: `local` is the caller's slice of `len` bytes; the bounce buffer has at least `len`.
-                    unsafe { std::ptr::copy_nonoverlapping(local, base as *mut u8, len) };
-                }
-                return Ok((base, lkey, Local::Bounce { lease, dst: read.then_some((local, len)) }));
-            }
-        }
-        let mr = self.register_per_op(peer, local, len, if read { Access::Local } else { Access::LocalRead })?;
-        Ok((addr, mr.lkey(), Local::PerOp(mr)))
+    fn register(&mut self, _: Core, peer: PeerId, ptr: *const u8, len: usize, access: MemAccess) -> Result<Mr, TransportError> {
+        let access = match access {
+            MemAccess::ReadInto => Access::Local,
+            MemAccess::WriteFrom => Access::LocalRead,
+            MemAccess::PeerReads => Access::RemoteRead,
+            MemAccess::PeerWrites => Access::RemoteWrite,
+            MemAccess::Any => Access::Remote,
+        };
+        Mr::register(&self.pd, ptr, len, access).map_err(|source| TransportError::Io { op: "ibv_reg_mr", peer, source })
+    }
+
+    fn max_piece(&self) -> usize {
+        self.max_msg
     }
 
     fn post_piece(&mut self, _: Core, pc: &Piece<u32>) -> Result<Posted, TransportError> {
@@ -650,22 +589,6 @@ impl RdmaDevice for VerbsEndpoint {
         let op = if pc.read { SendOp::Read { remote_addr, rkey } } else { SendOp::Write { remote_addr, rkey } };
         self.post(pc.peer, op, (pc.local, pc.len as u32, pc.desc), false, Inflight::Op(pc.op), true)?;
         Ok(Posted::Yes)
-    }
-
-    fn finish_local(&mut self, _: Core, _id: u64, local: Local, succeeded: bool) {
-        match local {
-            Local::Bounce { lease, dst } => {
-                if let (Some((dst, len)), true) = (dst, succeeded) {
-                    let src = self.bounce.buf(&lease);
-                    // SAFETY: `dst` is the caller's `local` of a READ, kept
-                    // alive and untouched until this report (Endpoint::read).
-                    unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), dst, len) };
-                }
-                self.bounce.release(lease);
-            }
-            Local::PerOp(mr) => drop(mr),
-            Local::Owned => {}
-        }
     }
 
     fn state_mut(&mut self, _: Core) -> &mut RdmaState<Link> {
@@ -768,71 +691,8 @@ impl RdmaDevice for VerbsEndpoint {
         Ok(())
     }
 
-    /// The owned registration covering the region, a bounce buffer (filled
-    /// now for reading; copied back at the end for writing), or a
-    /// registration for this exposure.
-    // Only the core calls it (the `Core` token), with memory the caller of an
-    // unsafe `Endpoint` method vouched for.
-    #[allow(clippy::not_unsafe_ptr_arg_deref)]
-    fn expose_region(&mut self, _: Core, ptr: *mut u8, len: usize, writable: bool) -> Result<RemoteKey, TransportError> {
-        let addr = ptr as u64;
-        if len == 0 {
-            return Ok(RemoteKey { addr, len: 0, key: 0 });
-        }
-        if let Some((_, rkey)) = self.owned_keys(addr, len) {
-            return Ok(RemoteKey { addr, len: len as u64, key: u64::from(rkey) });
-        }
-        if len <= self.bounce_max {
-            if let Some(lease) = self.lease_bounce()? {
-                let b = self.bounce.buf_mut(&lease);
-                if !writable {
-                    // SAFETY: `ptr` is the caller's slice of `len` bytes; the bounce buffer holds at least `len`.
-                    unsafe { std::ptr::copy_nonoverlapping(ptr, b.as_mut_ptr(), len) };
-                }
-                let key = RemoteKey { addr: b.as_ptr() as u64, len: len as u64, key: u64::from(self.bounce.handle(&lease).rkey()) };
-                self.exposed.insert((key.addr, key.key), Exposure::Bounce { lease, dst: writable.then_some((ptr, len)) });
-                return Ok(key);
-            }
-        }
-        let mr = self.register_per_op(self.st.rank, ptr, len, if writable { Access::RemoteWrite } else { Access::RemoteRead })?;
-        let key = RemoteKey { addr, len: len as u64, key: u64::from(mr.rkey()) };
-        self.exposed.insert((addr, key.key), Exposure::PerOp(mr));
-        Ok(key)
-    }
-
-    fn end_exposure(&mut self, _: Core, key: &RemoteKey) {
-        match self.exposed.remove(&(key.addr, key.key)) {
-            Some(Exposure::PerOp(mr)) => drop(mr),
-            Some(Exposure::Bounce { lease, dst }) => {
-                if let Some((dst, len)) = dst {
-                    let src = self.bounce.buf(&lease);
-                    // SAFETY: `dst` is the buffer given to expose_mut, which the
-                    // caller keeps alive and unmoved until this revoke.
-                    unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), dst, len) };
-                }
-                self.bounce.release(lease);
-            }
-            None => {} // an owned buffer or an empty one: nothing was registered
-        }
-    }
-
     fn large_path(&self) -> String {
         format!("RDMA READ of the sender's buffer (device {})", self.device)
-    }
-
-    fn register_buffer(&mut self, _: Core, region: &[u8]) -> Result<(), TransportError> {
-        if region.is_empty() {
-            return Ok(());
-        }
-        self.st.count_registration();
-        let mr = Mr::register(&self.pd, region.as_ptr(), region.len(), Access::Remote)
-            .map_err(|e| TransportError::Setup { what: format!("register a buffer of {} bytes", region.len()), source: e })?;
-        self.registry.insert(mr);
-        Ok(())
-    }
-
-    fn deregister_buffer(&mut self, _: Core, region: &[u8]) {
-        self.registry.remove(region.as_ptr() as u64);
     }
 
     fn progress(&mut self, _: Core) -> Result<(), TransportError> {
@@ -887,10 +747,6 @@ impl Drop for VerbsEndpoint {
             p.link.qp.set_error();
         }
         self.st.peers.clear();
-        for (_, e) in self.exposed.drain() {
-            if let Exposure::Bounce { lease, .. } = e {
-                self.bounce.release(lease);
-            }
-        }
+        self.memory.clear();
     }
 }

@@ -234,6 +234,20 @@ impl fmx_transport::rdma::Region for Mr {
     }
 }
 
+impl fmx_transport::rdma::Registration for Mr {
+    type Desc = u32;
+    const NO_DESC: u32 = 0;
+    fn desc(&self) -> u32 {
+        self.lkey()
+    }
+    fn remote_key(&self) -> u64 {
+        u64::from(self.rkey())
+    }
+    fn remote_addr(&self, addr: u64) -> u64 {
+        addr
+    }
+}
+
 impl Drop for Mr {
     fn drop(&mut self) {
         // SAFETY: registered once, deregistered once; callers drop an MR only

@@ -1,8 +1,10 @@
 //! What only the device can do.
 
 use super::sealed::{Core, Sealed};
+use super::memory::{Access, Local, Memory, Registration};
 use super::RdmaState;
 use crate::ops::{Operations, Piece};
+use crate::pool::RegistrationHook;
 use crate::{Arrival, PeerId, RemoteKey, SendOutcome, TransportError, HEADER_BYTES};
 
 /// Whether the device took an operation.
@@ -18,11 +20,12 @@ pub enum Posted {
 pub trait RdmaDevice: Sealed {
     /// The device's part of a peer (a queue pair, an address).
     type Link;
-    /// What the device keeps for the local side of a one-sided operation
-    /// until its report (a registration for the operation, a bounce buffer).
-    type Local;
     /// A piece's descriptor of its local memory (an lkey, a libfabric `desc`).
     type Desc: Copy;
+    /// A registration of the device (an `ibv_mr`, a `fid_mr`).
+    type Mr: Registration<Desc = Self::Desc>;
+    /// Registers the bounce buffers' chunks.
+    type Hook: RegistrationHook<Handle = Self::Mr>;
 
     /// The shared state.
     fn state(&self) -> &RdmaState<Self::Link>;
@@ -44,12 +47,6 @@ pub trait RdmaDevice: Sealed {
     /// Reposts `arrival`'s slot, then gives its credit back ([`RdmaState::released`]).
     fn release_slot(&mut self, _: Core, arrival: Arrival) -> Result<(), TransportError>;
 
-    /// A key through which peers read (or, when `writable`, write) `[ptr, ptr+len)`.
-    fn expose_region(&mut self, _: Core, ptr: *mut u8, len: usize, writable: bool) -> Result<RemoteKey, TransportError>;
-
-    /// Ends the exposure behind `key` (copying a bounce buffer peers wrote into).
-    fn end_exposure(&mut self, _: Core, key: &RemoteKey);
-
     /// `Endpoint::abandon`: the device cannot end its operations by itself unless it says so.
     fn abandon_operations(&mut self, _: Core, why: &str) -> bool {
         let _ = why;
@@ -64,37 +61,39 @@ pub trait RdmaDevice: Sealed {
     /// `Endpoint::large_message_path`.
     fn large_path(&self) -> String;
 
-    /// `Endpoint::register_owned`.
-    fn register_buffer(&mut self, _: Core, region: &[u8]) -> Result<(), TransportError>;
-
-    /// `Endpoint::deregister_owned`.
-    fn deregister_buffer(&mut self, _: Core, region: &[u8]);
-
     /// The one-sided operations in flight.
-    fn operations(&mut self, _: Core) -> &mut Operations<Self::Local, Self::Desc>;
+    fn operations(&mut self, _: Core) -> &mut Operations<Local<Self::Mr>, Self::Desc>;
+
+    /// Registrations, exposures and bounce buffers ([`Memory`] decides which serves).
+    fn memory(&mut self, _: Core) -> &mut Memory<Self::Hook>;
+
+    /// Registers `[ptr, ptr+len)` for `access`; an error names `peer` (the
+    /// operation's, or ours for an exposure or an owned buffer).
+    fn register(&mut self, _: Core, peer: PeerId, ptr: *const u8, len: usize, access: Access) -> Result<Self::Mr, TransportError>;
+
+    /// Exposes through the device's own protocol when it has no RMA (a
+    /// libfabric provider without `FI_RMA` serves reads itself); `None`: it has RMA.
+    fn expose_without_rma(&mut self, _: Core, ptr: *mut u8, len: usize, writable: bool) -> Option<Result<RemoteKey, TransportError>> {
+        let _ = (ptr, len, writable);
+        None
+    }
+
+    /// Ends an exposure made by `expose_without_rma`; `false`: it was not one.
+    fn end_exposure_without_rma(&mut self, _: Core, key: &RemoteKey) -> bool {
+        let _ = key;
+        false
+    }
 
     /// The largest piece posted as one operation.
     fn max_piece(&self) -> usize;
 
-    /// The local side of an operation on `[local, local+len)` toward `peer`:
-    /// the address the device moves from or to (the buffer itself, or a
-    /// bounce buffer, filled now for a write), its descriptor, and what to
-    /// keep until the report.
-    fn local_side(
-        &mut self,
-        _: Core,
-        peer: PeerId,
-        local: *mut u8,
-        len: usize,
-        read: bool,
-    ) -> Result<(u64, Self::Desc, Self::Local), TransportError>;
-
     /// Posts one piece. An error fails the piece's operation.
     fn post_piece(&mut self, _: Core, piece: &Piece<Self::Desc>) -> Result<Posted, TransportError>;
 
-    /// Ends the local side of a finished operation: copies a bounce buffer
-    /// into the user's buffer when a read succeeded, drops a registration.
-    fn finish_local(&mut self, _: Core, id: u64, local: Self::Local, succeeded: bool);
+    /// A finished operation's local side has ended (the device forgets what it kept for `id`).
+    fn operation_ended(&mut self, _: Core, id: u64) {
+        let _ = id;
+    }
 
     /// Work the device queued itself and retries before new pieces (the
     /// emulated operations of a libfabric provider without RMA).

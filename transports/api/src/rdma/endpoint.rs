@@ -4,6 +4,7 @@
 use std::time::{Duration, Instant};
 
 use super::sealed::Core;
+use super::memory::{Access, Memory, Path};
 use super::{Admit, Posted, RdmaDevice};
 use crate::own::OWN_SLOT;
 use crate::{
@@ -73,7 +74,11 @@ fn shared_finalize<D: RdmaDevice>(d: &mut D) -> Result<(), TransportError> {
 /// Starts a one-sided operation in pieces of at most [`RdmaDevice::max_piece`];
 /// the pieces the device has no room for wait (never spinning) for the
 /// next `Endpoint::poll_ops`.
-fn shared_one_sided<D: RdmaDevice>(
+///
+/// # Safety
+/// `local` is valid for `len` bytes (written for a read, read for a write)
+/// until `poll_ops` reports the operation.
+unsafe fn shared_one_sided<D: RdmaDevice>(
     d: &mut D,
     peer: PeerId,
     remote: &RemoteKey,
@@ -86,7 +91,17 @@ fn shared_one_sided<D: RdmaDevice>(
     if len == 0 {
         return Ok(OpStatus::Done);
     }
-    let (base, desc, keep) = d.local_side(CORE, peer, local, len, read)?;
+    // SAFETY: `local` is the caller's buffer of `len` bytes, valid until
+    // `poll_ops` reports the operation (the promise of `Endpoint::read`/`write`),
+    // which is when `finish_local` runs.
+    let (base, desc, keep, path) = match unsafe { d.memory(CORE).local_side(local, len, read) }? {
+        Some(side) => side,
+        None => {
+            let mr = d.register(CORE, peer, local, len, Memory::<D::Hook>::local_access(read))?;
+            Memory::<D::Hook>::registered_local(local, mr)
+        }
+    };
+    count(d, path);
     let piece = d.max_piece();
     let id = d.operations(CORE).start(peer, base, len, desc, &remote, read, piece, keep);
     shared_post_pending(d)?;
@@ -126,10 +141,44 @@ where
     let finished = d.operations(CORE).take_done();
     let n = finished.len();
     for f in finished {
-        d.finish_local(CORE, f.id, f.local, f.result.is_ok());
+        d.memory(CORE).finish_local(f.local, f.result.is_ok());
+        d.operation_ended(CORE, f.id);
         done(f.id, f.result);
     }
     Ok(n)
+}
+
+/// Counts how the core came by memory for an operation or exposure.
+fn count<D: RdmaDevice>(d: &mut D, path: Path) {
+    let st = d.state_mut(CORE);
+    match path {
+        Path::Owned => st.stats.owned_hits += 1,
+        Path::Bounced => st.stats.bounced += 1,
+        Path::PerOp => st.count_per_operation(),
+        Path::Plain => {}
+    }
+}
+
+/// `Endpoint::expose` and `expose_mut`: the device's own protocol where it
+/// has no RMA, else what [`Memory`] serves, else a registration for it.
+///
+/// # Safety
+/// `ptr` is valid for `len` bytes (writable when `writable`) until the key is revoked.
+unsafe fn shared_expose<D: RdmaDevice>(d: &mut D, ptr: *mut u8, len: usize, writable: bool) -> Result<RemoteKey, TransportError> {
+    if let Some(key) = d.expose_without_rma(CORE, ptr, len, writable) {
+        return key;
+    }
+    // SAFETY: the caller's promise, passed on: valid until `end_exposure`.
+    let (key, path) = match unsafe { d.memory(CORE).expose(ptr, len, writable) }? {
+        Some(served) => served,
+        None => {
+            let rank = d.state().rank;
+            let mr = d.register(CORE, rank, ptr, len, Memory::<D::Hook>::exposure_access(writable))?;
+            (d.memory(CORE).expose_registered(ptr, len, mr), Path::PerOp)
+        }
+    };
+    count(d, path);
+    Ok(key)
 }
 
 /// The endpoint every RDMA device is: the shared core with the device's parts.
@@ -204,25 +253,31 @@ impl<D: RdmaDevice + Send> Endpoint for D {
     }
 
     unsafe fn expose(&mut self, buf: &[u8]) -> Result<RemoteKey, TransportError> {
-        // Not writable: the region is only read through this pointer.
-        self.expose_region(CORE, buf.as_ptr().cast_mut(), buf.len(), false)
+        // SAFETY: the caller keeps `buf` alive until the revoke; not
+        // writable, so the region is only read through this pointer.
+        unsafe { shared_expose(self, buf.as_ptr().cast_mut(), buf.len(), false) }
     }
 
     unsafe fn expose_mut(&mut self, buf: &mut [u8]) -> Result<RemoteKey, TransportError> {
-        self.expose_region(CORE, buf.as_mut_ptr(), buf.len(), true)
+        // SAFETY: the caller keeps `buf` alive and untouched until the revoke.
+        unsafe { shared_expose(self, buf.as_mut_ptr(), buf.len(), true) }
     }
 
     fn revoke(&mut self, key: &RemoteKey) {
-        self.end_exposure(CORE, key);
+        if !self.end_exposure_without_rma(CORE, key) {
+            self.memory(CORE).end_exposure(key);
+        }
     }
 
     unsafe fn read(&mut self, peer: PeerId, remote: &RemoteKey, local: &mut [u8]) -> Result<OpStatus, TransportError> {
-        shared_one_sided(self, peer, remote, local.as_mut_ptr(), local.len(), true)
+        // SAFETY: the caller keeps `local` alive and untouched until `poll_ops` reports the read.
+        unsafe { shared_one_sided(self, peer, remote, local.as_mut_ptr(), local.len(), true) }
     }
 
     unsafe fn write(&mut self, peer: PeerId, local: &[u8], remote: &RemoteKey) -> Result<OpStatus, TransportError> {
-        // A write only reads `local`; the pointer is not written through.
-        shared_one_sided(self, peer, remote, local.as_ptr().cast_mut(), local.len(), false)
+        // SAFETY: the caller keeps `local` alive until `poll_ops` reports the
+        // write, which only reads it: the pointer is not written through.
+        unsafe { shared_one_sided(self, peer, remote, local.as_ptr().cast_mut(), local.len(), false) }
     }
 
     fn abandon(&mut self, why: &str) -> bool {
@@ -257,11 +312,18 @@ impl<D: RdmaDevice + Send> Endpoint for D {
     }
 
     fn register_owned(&mut self, region: &[u8]) -> Result<(), TransportError> {
-        self.register_buffer(CORE, region)
+        if region.is_empty() {
+            return Ok(());
+        }
+        self.state().count_registration();
+        let rank = self.state().rank;
+        let mr = self.register(CORE, rank, region.as_ptr(), region.len(), Access::Any)?;
+        self.memory(CORE).insert_owned(mr);
+        Ok(())
     }
 
     fn deregister_owned(&mut self, region: &[u8]) {
-        self.deregister_buffer(CORE, region);
+        self.memory(CORE).remove_owned(region.as_ptr() as u64);
     }
 
     fn registration_stats(&self) -> RegistrationStats {

@@ -23,10 +23,12 @@ use crate::TransportError;
 
 mod device;
 pub mod endpoint;
+pub mod memory;
 mod registry;
 mod state;
 
 pub use device::{Posted, RdmaDevice};
+pub use memory::{Access, Local, Memory, Registration, DEFAULT_BOUNCE_BYTES};
 pub use registry::{Region, Registry};
 pub use state::{Admit, EagerConfig, RdmaState};
 

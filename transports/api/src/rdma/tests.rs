@@ -29,7 +29,8 @@ struct MemoryDevice {
     wires: Wires,
     /// Where each rank's mailbox lives.
     mailboxes: Arc<Mutex<Vec<usize>>>,
-    ops: Operations<(), ()>,
+    ops: Operations<Local<Plain>, ()>,
+    memory: Memory<PlainHook>,
     /// Pieces the device takes before it answers "again".
     room: usize,
     /// The most messages that ever waited for one receiver.
@@ -37,12 +38,50 @@ struct MemoryDevice {
     next_slot: u64,
 }
 
+/// A registration of memory that needs none: the address is the key.
+struct Plain {
+    base: u64,
+    len: usize,
+}
+
+impl Region for Plain {
+    fn start(&self) -> u64 {
+        self.base
+    }
+    fn covers(&self, addr: u64, len: usize) -> bool {
+        addr >= self.base && addr + len as u64 <= self.base + self.len as u64
+    }
+}
+
+impl Registration for Plain {
+    type Desc = ();
+    const NO_DESC: () = ();
+    fn desc(&self) {}
+    fn remote_key(&self) -> u64 {
+        1
+    }
+    fn remote_addr(&self, addr: u64) -> u64 {
+        addr
+    }
+}
+
+struct PlainHook;
+
+impl crate::pool::RegistrationHook for PlainHook {
+    type Handle = Plain;
+    fn register(&mut self, chunk: &mut [u8]) -> Result<Plain, TransportError> {
+        Ok(Plain { base: chunk.as_ptr() as u64, len: chunk.len() })
+    }
+    fn deregister(&mut self, _: Plain) {}
+}
+
 impl Sealed for MemoryDevice {}
 
 impl RdmaDevice for MemoryDevice {
     type Link = ();
-    type Local = ();
     type Desc = ();
+    type Mr = Plain;
+    type Hook = PlainHook;
 
     fn state(&self) -> &RdmaState<()> {
         &self.st
@@ -86,25 +125,20 @@ impl RdmaDevice for MemoryDevice {
         self.st.released(arrival.peer, crate::credit::Class::of(arrival.header.kind));
         Ok(())
     }
-    fn expose_region(&mut self, _: Core, ptr: *mut u8, len: usize, _writable: bool) -> Result<RemoteKey, TransportError> {
-        Ok(RemoteKey { addr: ptr as u64, len: len as u64, key: 1 })
-    }
-    fn end_exposure(&mut self, _: Core, _key: &RemoteKey) {}
     fn large_path(&self) -> String {
         "a copy in memory".into()
     }
-    fn register_buffer(&mut self, _: Core, _region: &[u8]) -> Result<(), TransportError> {
-        Ok(())
+    fn memory(&mut self, _: Core) -> &mut Memory<PlainHook> {
+        &mut self.memory
     }
-    fn deregister_buffer(&mut self, _: Core, _region: &[u8]) {}
-    fn operations(&mut self, _: Core) -> &mut Operations<(), ()> {
+    fn register(&mut self, _: Core, _peer: PeerId, ptr: *const u8, len: usize, _access: Access) -> Result<Plain, TransportError> {
+        Ok(Plain { base: ptr as u64, len })
+    }
+    fn operations(&mut self, _: Core) -> &mut Operations<Local<Plain>, ()> {
         &mut self.ops
     }
     fn max_piece(&self) -> usize {
         4
-    }
-    fn local_side(&mut self, _: Core, _peer: PeerId, local: *mut u8, _len: usize, _read: bool) -> Result<(u64, (), ()), TransportError> {
-        Ok((local as u64, (), ()))
     }
     fn post_piece(&mut self, _: Core, pc: &Piece<()>) -> Result<Posted, TransportError> {
         if self.room == 0 {
@@ -118,7 +152,6 @@ impl RdmaDevice for MemoryDevice {
         self.ops.piece_done(pc.op, None);
         Ok(Posted::Yes)
     }
-    fn finish_local(&mut self, _: Core, _id: u64, _local: (), _succeeded: bool) {}
     fn progress(&mut self, _: Core) -> Result<(), TransportError> {
         Ok(())
     }
@@ -167,6 +200,7 @@ fn pair() -> (MemoryDevice, MemoryDevice, Arc<Mutex<usize>>) {
             wires: wires.clone(),
             mailboxes: mailboxes.clone(),
             ops: Operations::default(),
+            memory: Memory::new(PlainHook, 0, false),
             room: usize::MAX,
             deepest: deepest.clone(),
             next_slot: 0,

@@ -330,7 +330,7 @@ impl OfiEndpoint {
     /// Exposes a buffer for GET/PUT: a local descriptor where the provider needs one.
     pub(super) fn expose_emulated(&mut self, ptr: *mut u8, len: usize, writable: bool) -> Result<RemoteKey, TransportError> {
         let addr = ptr as u64;
-        let (desc, mr) = match self.registry.find(addr, len).map(|m| m.desc) {
+        let (desc, mr) = match self.memory.owned(addr, len).map(|m| m.desc) {
             Some(d) => (d, None),
             None if self.fabric.mr_mode.local => {
                 let mr = self.register_per_op(self.st.rank, ptr, len.max(1), u64::from(sys::FI_SEND | sys::FI_RECV))?;
