@@ -42,6 +42,8 @@ pub enum Command {
     MbwMr(MbwMrArgs),
     /// The hardware floor: core-to-core cache-line latency and memcpy bandwidth per size
     Limits(crate::limits::Args),
+    /// Per-process queue pairs, eager memory, bootstrap traffic and set-up time against N, by connection mode (a model)
+    ScaleModel(crate::scale_model::Args),
     /// latency, bw, bibw, mbw_mr and limits in one report, with fmx's distance from the floor
     All(crate::all::Args),
     /// fmx's latency and bandwidth beside MPICH's and Open MPI's, in one run

@@ -10,6 +10,7 @@ pub mod compare;
 pub mod compare_json;
 pub mod compare_rate;
 pub mod limits;
+pub mod scale_model;
 pub mod meta;
 pub mod neighbor;
 pub mod neighbor_compare;

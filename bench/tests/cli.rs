@@ -291,3 +291,19 @@ fn compare_json_is_one_valid_document() {
     assert_eq!(sweeps.len(), 2, "{v}");
     assert!(sweeps.iter().all(|s| s["who"] == "fmx" && s["points"].as_array().is_some_and(|p| p.len() == 4)), "{v}");
 }
+
+#[test]
+fn scale_model_prints_a_row_per_mode_and_size_and_measures_only_rdma_jobs() {
+    let o = perf(&["scale-model", "--ranks", "100,100000", "--degree", "6"]);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let out = text(&o.stdout);
+    let rows: Vec<&str> = out.lines().filter(|l| l.starts_with("| 100 |") || l.starts_with("| 100000 |")).collect();
+    assert_eq!(rows.len(), 6, "{out}");
+    // At 10^5 ranks and degree 6, lazy keeps 6 queue pairs; eager has one per other rank.
+    assert!(rows.iter().any(|r| r.starts_with("| 100000 | fmx-lazy | 6 |")), "{out}");
+    assert!(rows.iter().any(|r| r.starts_with("| 100000 | fmx-eager | 99999 |")), "{out}");
+    // Alone, fmx-perf is a world of one over no RDMA transport: the check refuses and says why.
+    let o = perf(&["scale-model", "--measure"]);
+    assert!(!o.status.success());
+    assert!(text(&o.stderr).contains("the scale model is of the RDMA transports"), "{}", text(&o.stderr));
+}

@@ -9,7 +9,7 @@ use clap::Parser;
 use fmx_bench::cli::{Cli, Command, PerfArgs};
 use fmx_bench::params::{Format, Params, Test};
 use fmx_bench::report::{self, Writer};
-use fmx_bench::{all, check_cost, compare, limits, meta, neighbor, neighbor_compare, ofi_compare, osu, pair, peers, redistribute};
+use fmx_bench::{all, check_cost, compare, limits, meta, scale_model, neighbor, neighbor_compare, ofi_compare, osu, pair, peers, redistribute};
 
 /// One rank of a point-to-point test: the world split so that the pair
 /// measuring (`--pair`, or rank 0 and the first rank on another node) are
@@ -86,6 +86,7 @@ fn main() -> ExitCode {
         Command::Bibw(a) => perf(Test::Bibw, a, 2),
         Command::MbwMr(a) => perf(Test::MbwMr, &a.perf, 2 * a.pairs),
         Command::Limits(a) => limits::main(a),
+        Command::ScaleModel(a) => scale_model::main(a),
         Command::All(a) => all::main(a),
         Command::Compare(a) => compare::main(a),
         Command::Neighbor(a) => neighbor::main(a),

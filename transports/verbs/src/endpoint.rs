@@ -29,7 +29,7 @@ use fmx_transport::liveness::host_identity;
 pub use fmx_transport::rdma::{CTRL_SLOTS, DEFAULT_NEWCOMER_CREDITS, DEFAULT_POOL_SLOTS, DEFAULT_SLOT_BYTES};
 /// Plain slices up to this size go through pre-registered bounce buffers
 /// (a copy) instead of a registration per operation; see the README for the measurement.
-pub const DEFAULT_BOUNCE_MAX: usize = 64 << 10;
+pub const DEFAULT_BOUNCE_MAX: usize = fmx_transport::rdma::DEFAULT_BOUNCE_BYTES;
 /// Send work requests per queue pair.
 const SQ_DEPTH: u32 = 128;
 /// One signaled send in this many lets the send queue drain (selective signaling).

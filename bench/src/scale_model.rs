@@ -1,0 +1,341 @@
+//! `fmx-perf scale-model`: what one process of an N-rank job pays for its
+//! connections, by connection mode. A pure function of the job's shape
+//! (ranks, ranks per node, communication degree) and a few costs, so that
+//! the table for 10^5 ranks can be printed on a laptop and checked, at small
+//! N, against what a real job reports (`Fmx::receive_memory`, the verbs
+//! address's length).
+//!
+//! The modes:
+//! - **fmx-eager**, today's fmx: the network endpoint spans the whole world,
+//!   so a queue pair per other rank, an eager pool of at least one slot per
+//!   peer (`FMX_POOL_SLOTS`, default 64, must be raised past 64 peers) and
+//!   two control slots per peer; every rank's address carries a (QPN, PSN)
+//!   per rank, and every rank reads every address.
+//! - **fmx-lazy**, issue 18's design: one fixed address per rank; a queue
+//!   pair, credits and control slots only toward the peers a rank talks to
+//!   (at most `degree`, all assumed off-node: the worst case); an address is
+//!   read when its peer is first contacted.
+//! - **RC all-to-all**, the classic MPI over RC: a queue pair and a
+//!   per-peer eager receive queue toward every other rank (Open MPI openib's
+//!   default `P,128,256,...`: 256 buffers of 128 B per peer).
+
+use std::fmt::Write as _;
+
+/// The job's shape.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Job {
+    /// Ranks in the job (N).
+    pub ranks: u64,
+    /// Ranks per node (P); peers on the node use shared memory.
+    pub per_node: u64,
+    /// Peers each rank exchanges with (d); `ranks - 1` for all-to-all.
+    pub degree: u64,
+}
+
+/// How connections are made.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// Every connection at init (fmx today).
+    Eager,
+    /// A connection on first use (issue 18).
+    Lazy,
+    /// An RC queue pair with its own eager queue to every rank (classic MPI).
+    RcAllToAll,
+}
+
+impl Mode {
+    /// Every mode, in table order.
+    pub const ALL: [Mode; 3] = [Mode::Lazy, Mode::Eager, Mode::RcAllToAll];
+
+    /// Its name in the table.
+    pub fn name(self) -> &'static str {
+        match self {
+            Mode::Eager => "fmx-eager",
+            Mode::Lazy => "fmx-lazy",
+            Mode::RcAllToAll => "RC all-to-all",
+        }
+    }
+}
+
+/// What the model charges; [`Costs::FMX`] holds fmx's defaults.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Costs {
+    /// Bytes per eager receive slot (`FMX_SLOT_BYTES`).
+    pub slot_bytes: u64,
+    /// The eager pool's slots (`FMX_POOL_SLOTS`); grown to one per connected peer.
+    pub pool_slots: u64,
+    /// Control slots per connected peer (CTS, FIN).
+    pub ctrl_slots: u64,
+    /// Bytes of a verbs address without its per-peer part.
+    pub address_fixed: u64,
+    /// Bytes per peer in an eager address: (QPN, PSN).
+    pub address_per_peer: u64,
+    /// Bytes of a lazy address: the fixed part and one wire-up endpoint.
+    pub address_lazy: u64,
+    /// Per-peer eager receive memory of classic RC.
+    pub rc_per_peer_bytes: u64,
+    /// Host memory of one RC queue pair's send queue (depth x 64-byte WQEs).
+    pub qp_bytes: u64,
+    /// Creating a queue pair and moving it to RTS, in microseconds.
+    pub qp_setup_us: f64,
+    /// One network round trip, in microseconds.
+    pub rtt_us: f64,
+}
+
+impl Costs {
+    /// fmx's defaults; `qp_setup_us` and `rtt_us` are hardware-class figures
+    /// (a ConnectX `ibv_create_qp` + three `ibv_modify_qp`, an InfiniBand
+    /// round trip), which the caller may replace with measured ones.
+    pub const FMX: Costs = Costs {
+        slot_bytes: 8 << 10,
+        pool_slots: 64,
+        ctrl_slots: 2,
+        address_fixed: 60,
+        address_per_peer: 8,
+        address_lazy: 68,
+        rc_per_peer_bytes: 256 * 128,
+        qp_bytes: 128 * 64,
+        qp_setup_us: 100.0,
+        rtt_us: 3.0,
+    };
+}
+
+/// What one process pays.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct PerProcess {
+    /// Network queue pairs (or connections).
+    pub queue_pairs: u64,
+    /// Eager receive memory: pool and control slots, or per-peer queues.
+    pub eager_bytes: u64,
+    /// Queue pairs' host memory.
+    pub qp_bytes: u64,
+    /// Bootstrap messages: one put, then one get per address read.
+    pub bootstrap_msgs: u64,
+    /// Bootstrap bytes read and written.
+    pub bootstrap_bytes: u64,
+    /// From init to the first message to a new peer having left, in microseconds.
+    pub first_message_us: f64,
+}
+
+/// The model: what one process of `job` pays in `mode` at `costs`.
+pub fn per_process(job: Job, mode: Mode, costs: &Costs) -> PerProcess {
+    let peers = job.ranks.saturating_sub(1);
+    let contacted = job.degree.min(peers);
+    // Eager and RC connect to every rank (fmx's network endpoint spans the
+    // world, local peers included); lazy only to those it talks to.
+    let qps = match mode {
+        Mode::Lazy => contacted,
+        Mode::Eager | Mode::RcAllToAll => peers,
+    };
+    let eager_bytes = match mode {
+        Mode::RcAllToAll => qps * costs.rc_per_peer_bytes,
+        // The pool is cut into equal slices, one per connected peer (at
+        // least one slot each), as `CreditConfig::for_pool` does.
+        Mode::Eager | Mode::Lazy => {
+            let pool = if qps == 0 { 0 } else { (costs.pool_slots / qps).max(1) * qps };
+            (pool + costs.ctrl_slots * qps) * costs.slot_bytes
+        }
+    };
+    let (address, reads) = match mode {
+        Mode::Lazy => (costs.address_lazy, contacted),
+        Mode::Eager | Mode::RcAllToAll => (costs.address_fixed + costs.address_per_peer * job.ranks, peers),
+    };
+    let first_message_us = match mode {
+        // One wire-up endpoint at init; then the first message to a peer
+        // waits for a request and an answer and a queue pair of its own.
+        Mode::Lazy => costs.qp_setup_us + (costs.qp_setup_us + 2.0 * costs.rtt_us),
+        Mode::Eager | Mode::RcAllToAll => qps as f64 * costs.qp_setup_us,
+    };
+    PerProcess {
+        queue_pairs: qps,
+        eager_bytes,
+        qp_bytes: qps * costs.qp_bytes,
+        bootstrap_msgs: 1 + reads,
+        bootstrap_bytes: address * (1 + reads),
+        first_message_us,
+    }
+}
+
+/// The table `fmx-perf scale-model` prints: every mode at each N.
+pub fn table(ns: &[u64], per_node: u64, degree: Option<u64>, costs: &Costs) -> String {
+    let mut out = String::new();
+    let pattern = degree.map_or("all-to-all".to_owned(), |d| format!("degree {d}"));
+    let _ = writeln!(out, "# connections per process: {pattern}, {per_node} ranks per node (fmx-perf scale-model)");
+    let _ = writeln!(out, "| N | mode | queue pairs | eager receive memory | QP memory | bootstrap msgs | bootstrap bytes | to first message |");
+    let _ = writeln!(out, "|---:|---|---:|---:|---:|---:|---:|---:|");
+    for &n in ns {
+        let job = Job { ranks: n, per_node, degree: degree.unwrap_or(n.saturating_sub(1)) };
+        for mode in Mode::ALL {
+            let p = per_process(job, mode, costs);
+            let _ = writeln!(
+                out,
+                "| {n} | {} | {} | {} | {} | {} | {} | {} |",
+                mode.name(),
+                p.queue_pairs,
+                bytes(p.eager_bytes),
+                bytes(p.qp_bytes),
+                p.bootstrap_msgs,
+                bytes(p.bootstrap_bytes),
+                duration(p.first_message_us)
+            );
+        }
+    }
+    out
+}
+
+/// Bytes in binary units.
+fn bytes(b: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = b as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u + 1 < UNITS.len() {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 {
+        format!("{b} B")
+    } else {
+        format!("{v:.1} {}", UNITS[u])
+    }
+}
+
+/// Microseconds as us, ms or s.
+fn duration(us: f64) -> String {
+    if us >= 1e6 {
+        format!("{:.1} s", us / 1e6)
+    } else if us >= 1e3 {
+        format!("{:.1} ms", us / 1e3)
+    } else {
+        format!("{us:.0} us")
+    }
+}
+
+/// Options of `fmx-perf scale-model`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct Args {
+    /// Job sizes
+    #[arg(long, value_delimiter = ',', default_value = "100,1000,10000,100000")]
+    pub ranks: Vec<u64>,
+    /// Ranks per node
+    #[arg(long, default_value_t = 64)]
+    pub per_node: u64,
+    /// Peers each rank talks to (6: a 3-D stencil); absent: all-to-all
+    #[arg(long)]
+    pub degree: Option<u64>,
+    /// Creating a queue pair and bringing it to RTS, microseconds
+    #[arg(long, default_value_t = Costs::FMX.qp_setup_us)]
+    pub qp_setup_us: f64,
+    /// Network round trip, microseconds
+    #[arg(long, default_value_t = Costs::FMX.rtt_us)]
+    pub rtt_us: f64,
+    /// Inside a job (fmxrun, mpiexec, srun) over an RDMA transport: check the
+    /// model's eager receive memory against what this job's ranks report
+    #[arg(long)]
+    pub measure: bool,
+}
+
+/// `fmx-perf scale-model`.
+pub fn main(a: &Args) -> Result<(), String> {
+    if a.measure {
+        return measure();
+    }
+    let costs = Costs { qp_setup_us: a.qp_setup_us, rtt_us: a.rtt_us, ..Costs::FMX };
+    print!("{}", table(&a.ranks, a.per_node, a.degree, &costs));
+    Ok(())
+}
+
+/// Every rank compares its receive memory with the model's (all-to-all:
+/// today's fmx connects every peer); rank 0 prints the comparison. Fails
+/// when a rank differs, naming it.
+fn measure() -> Result<(), String> {
+    let fmx = fmx::init().map_err(|e| e.to_string())?;
+    let w = fmx.world();
+    let transport = w.transport_name();
+    if !(transport.starts_with("verbs") || transport.starts_with("ofi")) {
+        return Err(format!(
+            "the scale model is of the RDMA transports; this job runs over {transport} (set FMX_TRANSPORT=verbs or ofi)"
+        ));
+    }
+    let n = u64::from(w.size());
+    let m = fmx.receive_memory();
+    let number = |var: &str, default: u64| std::env::var(var).ok().and_then(|v| v.parse().ok()).unwrap_or(default);
+    let costs = Costs { slot_bytes: number("FMX_SLOT_BYTES", Costs::FMX.slot_bytes), pool_slots: number("FMX_POOL_SLOTS", Costs::FMX.pool_slots), ..Costs::FMX };
+    let model = per_process(Job { ranks: n, per_node: 1, degree: n - 1 }, Mode::Eager, &costs).eager_bytes;
+    let measured = (m.eager_pool + m.control) as u64;
+    let mut all = vec![0u64; n as usize];
+    w.allgather(&[measured], &mut all).map_err(|e| e.to_string())?;
+    let wrong: Vec<String> = all.iter().enumerate().filter(|(_, &b)| b != model).map(|(r, b)| format!("rank {r}: {b} B")).collect();
+    if w.rank() == 0 {
+        println!("# scale model against this job ({transport}): eager pool + control slots per process");
+        println!("| N | model | measured (every rank) |");
+        println!("|---:|---:|---:|");
+        println!("| {n} | {model} B | {} |", if wrong.is_empty() { format!("{model} B") } else { wrong.join(", ") });
+    }
+    fmx.finalize().map_err(|e| e.to_string())?;
+    if wrong.is_empty() {
+        Ok(())
+    } else {
+        Err(format!("the model says {model} B of eager receive memory per process for N={n}, but {}", wrong.join(", ")))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const C: Costs = Costs::FMX;
+
+    #[test]
+    fn eager_grows_with_the_job_and_lazy_with_the_degree() {
+        for n in [100, 10_000, 100_000] {
+            let job = Job { ranks: n, per_node: 64, degree: 6 };
+            let eager = per_process(job, Mode::Eager, &C);
+            let lazy = per_process(job, Mode::Lazy, &C);
+            assert_eq!(eager.queue_pairs, n - 1);
+            assert_eq!(lazy.queue_pairs, 6);
+            // Lazy: 6 slices of the 64-slot pool and 6 peers' control slots, whatever N.
+            assert_eq!(lazy.eager_bytes, (60 + 2 * 6) * 8192);
+            // Eager: a slot and two control slots per peer once past 64 peers.
+            assert_eq!(eager.eager_bytes, (64 / (n - 1)).max(1) * (n - 1) * 8192 + 2 * (n - 1) * 8192);
+            assert_eq!(lazy.bootstrap_bytes, 68 * 7);
+        }
+    }
+
+    #[test]
+    fn eager_bootstrap_is_quadratic_per_job() {
+        let small = per_process(Job { ranks: 1_000, per_node: 1, degree: 999 }, Mode::Eager, &C);
+        let large = per_process(Job { ranks: 10_000, per_node: 1, degree: 9_999 }, Mode::Eager, &C);
+        // Ten times the ranks: about a hundred times the bytes each process reads.
+        let ratio = large.bootstrap_bytes as f64 / small.bootstrap_bytes as f64;
+        assert!((95.0..=101.0).contains(&ratio), "{ratio}");
+        assert_eq!(small.bootstrap_msgs, 1_000);
+    }
+
+    #[test]
+    fn all_to_all_connects_everyone_in_every_mode() {
+        let job = Job { ranks: 32, per_node: 4, degree: 31 };
+        for mode in Mode::ALL {
+            assert_eq!(per_process(job, mode, &C).queue_pairs, 31, "{mode:?}");
+        }
+        let rc = per_process(job, Mode::RcAllToAll, &C);
+        assert_eq!(rc.eager_bytes, 31 * 32 * 1024);
+    }
+
+    #[test]
+    fn lazy_pays_its_setup_at_the_first_message_eager_at_init() {
+        let job = Job { ranks: 10_000, per_node: 64, degree: 6 };
+        let lazy = per_process(job, Mode::Lazy, &C);
+        let eager = per_process(job, Mode::Eager, &C);
+        assert_eq!(lazy.first_message_us, 2.0 * C.qp_setup_us + 2.0 * C.rtt_us);
+        assert_eq!(eager.first_message_us, 9_999.0 * C.qp_setup_us);
+    }
+
+    #[test]
+    fn the_table_has_a_row_per_mode_and_size() {
+        let t = table(&[100, 1000], 64, Some(6), &C);
+        assert_eq!(t.lines().filter(|l| l.starts_with("| 100 |") || l.starts_with("| 1000 |")).count(), 6);
+        assert!(t.contains("fmx-lazy") && t.contains("RC all-to-all"));
+        assert_eq!(bytes(608 * 1024), "608.0 KiB");
+        assert_eq!(duration(2_500.0), "2.5 ms");
+    }
+}
