@@ -30,7 +30,12 @@ struct Slot {
     epoch: u32,
     /// Lent by its owner ([`LendTable::lend_owned`]): no scope retires it.
     owned: bool,
+    /// The slot its scope lent before this one ([`NONE`]: the first).
+    next: u32,
 }
+
+/// The end of a scope's list of slots.
+const NONE: u32 = u32::MAX;
 
 /// The table of lent buffers. Lives beside the engine that uses it.
 #[derive(Debug, Default)]
@@ -38,6 +43,11 @@ pub struct LendTable {
     slots: Vec<Slot>,
     free: Vec<u32>,
     epoch: u32,
+    /// The open scopes (innermost last), each with the last slot it lent:
+    /// the slots a scope lent form a list through `Slot::next`, so ending a
+    /// scope costs what it lent, not the whole table (a blocking call inside
+    /// a scope with 10^4 pending receives must not scan them).
+    open: Vec<(u32, u32)>,
 }
 
 // SAFETY: the raw pointers in the table are only dereferenced through `get`/`get_mut`,
@@ -53,7 +63,19 @@ impl LendTable {
         Self::default()
     }
 
+    #[inline]
     fn insert(&mut self, ptr: *mut u8, len: usize, writable: bool, epoch: u32) -> Lent {
+        let lent = self.insert_slot(ptr, len, writable, epoch);
+        // Usually the innermost scope; an outer one may lend from inside an inner one.
+        if let Some((_, last)) = self.open.iter_mut().rev().find(|(e, _)| *e == epoch) {
+            self.slots[lent.idx as usize].next = *last;
+            *last = lent.idx;
+        }
+        lent
+    }
+
+    #[inline]
+    fn insert_slot(&mut self, ptr: *mut u8, len: usize, writable: bool, epoch: u32) -> Lent {
         if let Some(idx) = self.free.pop() {
             let s = &mut self.slots[idx as usize];
             s.ptr = ptr;
@@ -62,10 +84,11 @@ impl LendTable {
             s.live = true;
             s.epoch = epoch;
             s.owned = false;
+            s.next = NONE;
             Lent { idx, generation: s.generation }
         } else {
             let idx = self.slots.len() as u32;
-            self.slots.push(Slot { ptr, len, writable, live: true, generation: 0, epoch, owned: false });
+            self.slots.push(Slot { ptr, len, writable, live: true, generation: 0, epoch, owned: false, next: NONE });
             Lent { idx, generation: 0 }
         }
     }
@@ -109,7 +132,7 @@ impl LendTable {
     /// other than through this table (writable) or written at all (read-only),
     /// until `retire` is called with the returned handle.
     pub unsafe fn lend_owned(&mut self, ptr: *mut u8, len: usize, writable: bool) -> Lent {
-        let l = self.insert(ptr, len, writable, 0);
+        let l = self.insert_slot(ptr, len, writable, 0);
         self.slots[l.idx as usize].owned = true;
         l
     }
@@ -125,14 +148,37 @@ impl LendTable {
         self.free.push(l.idx);
     }
 
+    #[inline]
+    fn open_scope(&mut self) -> u32 {
+        self.epoch = self.epoch.wrapping_add(1);
+        self.open.push((self.epoch, NONE));
+        self.epoch
+    }
+
+    #[inline]
     fn retire_epoch(&mut self, epoch: u32) {
-        for (i, s) in self.slots.iter_mut().enumerate() {
+        // Usually the innermost scope ends.
+        let mut i = match self.open.last() {
+            Some(&(e, last)) if e == epoch => {
+                self.open.pop();
+                last
+            }
+            _ => match self.open.iter().rposition(|(e, _)| *e == epoch) {
+                Some(at) => self.open.remove(at).1,
+                None => return,
+            },
+        };
+        // Every slot on the list is still this scope's: only its end frees them.
+        while i != NONE {
+            let s = &mut self.slots[i as usize];
+            let next = s.next;
             if s.live && !s.owned && s.epoch == epoch {
                 s.live = false;
                 s.generation = s.generation.wrapping_add(1);
                 s.ptr = std::ptr::null_mut();
-                self.free.push(i as u32);
+                self.free.push(i);
             }
+            i = next;
         }
     }
 
@@ -170,6 +216,7 @@ struct RetireOnExit<'a> {
 }
 
 impl Drop for RetireOnExit<'_> {
+    #[inline]
     fn drop(&mut self) {
         // Never panic in drop: if the table is borrowed (a panic inside a borrow),
         // retire through a fresh try; the slots would otherwise stay valid, so abort.
@@ -183,11 +230,7 @@ impl Drop for RetireOnExit<'_> {
 /// Runs `f` with a [`Lender`]; every buffer lent through it is retired when
 /// `f` returns or unwinds. Scopes nest.
 pub fn lend_scope<'env, R>(table: &RefCell<LendTable>, f: impl for<'scope> FnOnce(&'scope Lender<'scope, 'env>) -> R) -> R {
-    let epoch = {
-        let mut t = table.borrow_mut();
-        t.epoch = t.epoch.wrapping_add(1);
-        t.epoch
-    };
+    let epoch = table.borrow_mut().open_scope();
     let _guard = RetireOnExit { table, epoch };
     let lender = Lender { table, epoch, _scope: PhantomData, _env: PhantomData };
     f(&lender)
@@ -214,6 +257,27 @@ mod tests {
         assert!(table.borrow().get(lb).is_none());
         assert_eq!(table.borrow().live(), 0);
         assert_eq!(a, [7, 2, 3]);
+    }
+
+    #[test]
+    fn an_outer_scope_lending_inside_an_inner_one_keeps_its_loans() {
+        let table = RefCell::new(LendTable::new());
+        let bufs: Vec<Vec<u8>> = (0..100u8).map(|i| vec![i]).collect();
+        lend_scope(&table, |outer| {
+            let parked: Vec<Lent> = bufs[..50].iter().map(|b| outer.lend(b)).collect();
+            let (inner_own, outer_late) = lend_scope(&table, |inner| {
+                let own: Vec<Lent> = bufs[50..90].iter().map(|b| inner.lend(b)).collect();
+                // The outer scope lends while the inner one is open.
+                let late: Vec<Lent> = bufs[90..].iter().map(|b| outer.lend(b)).collect();
+                (own, late)
+            });
+            assert!(inner_own.iter().all(|&l| table.borrow().get(l).is_none()), "the inner scope's loans end with it");
+            for (l, want) in parked.iter().chain(&outer_late).zip((0..50u8).chain(90..100)) {
+                assert_eq!(table.borrow().get(*l), Some(&[want][..]), "an outer loan outlives the inner scope");
+            }
+            assert_eq!(table.borrow().live(), 60);
+        });
+        assert_eq!(table.borrow().live(), 0);
     }
 
     #[test]
