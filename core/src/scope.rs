@@ -26,7 +26,7 @@ pub struct Request<'s> {
 
 /// What a finished operation's status is checked for, by kind.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Check {
+pub(crate) enum Check {
     /// The user's own: truncation and partial elements ([`Comm::status`]).
     PointToPoint,
     /// A collective's: truncation is named by the collective, not by its internal tag.
@@ -34,6 +34,9 @@ enum Check {
     /// A collective's that must fill its buffer exactly.
     Exact,
 }
+
+/// A scope's requests not yet waited for: id, element size, checks.
+pub(crate) type PendingList = Vec<(ReqId, usize, Check)>;
 
 /// Where non-blocking operations live; see [`Comm::scope`].
 ///
@@ -51,7 +54,8 @@ pub struct Scope<'s, 'env> {
 
 impl<'s, 'env> Scope<'s, 'env> {
     pub(crate) fn new(comm: &'s Comm, lender: &'s Lender<'s, 'env>) -> Self {
-        Self { comm, lender, pending: RefCell::new(Vec::new()) }
+        let pending = std::mem::take(&mut *comm.sh.spare_pending.borrow_mut());
+        Self { comm, lender, pending: RefCell::new(pending) }
     }
 
     /// The communicator.
@@ -249,12 +253,12 @@ impl<'s, 'env> Scope<'s, 'env> {
     /// Each is checked as [`Scope::wait`] checks it: a receive that was
     /// truncated or got a partial element is an error here too.
     pub(crate) fn finish(&self) -> Result<()> {
-        let ids: Vec<(ReqId, usize, Check)> = std::mem::take(&mut *self.pending.borrow_mut());
+        let mut ids: PendingList = std::mem::take(&mut *self.pending.borrow_mut());
         let sh = &self.comm.sh;
         let mut e = sh.engine.borrow_mut();
         let mut lend = sh.lend.borrow_mut();
         let mut first_err = None;
-        for (id, elem_size, check) in ids {
+        for (id, elem_size, check) in ids.drain(..) {
             if first_err.is_none() {
                 match e.wait(&mut lend, id) {
                     Ok(()) => {
@@ -271,6 +275,7 @@ impl<'s, 'env> Scope<'s, 'env> {
             }
             e.discard(id);
         }
+        *self.comm.sh.spare_pending.borrow_mut() = ids;
         first_err.map_or(Ok(()), Err)
     }
 }

@@ -30,11 +30,52 @@ impl Posted {
     }
 }
 
+/// Bytes up to this many are kept inside an unexpected message.
+const INLINE: usize = 48;
+
+/// An early eager message's bytes, copied out of the transport slot (so
+/// its credit returns): small ones without an allocation (a window of 8 B
+/// messages that outruns its receives would otherwise malloc each).
+#[derive(Debug)]
+pub(crate) enum Stored {
+    Inline(u8, [u8; INLINE]),
+    Heap(Vec<u8>),
+}
+
+impl Stored {
+    pub(crate) fn new(bytes: &[u8]) -> Self {
+        if bytes.len() <= INLINE {
+            let mut b = [0u8; INLINE];
+            b[..bytes.len()].copy_from_slice(bytes);
+            Stored::Inline(bytes.len() as u8, b)
+        } else {
+            Stored::Heap(bytes.to_vec())
+        }
+    }
+
+    pub(crate) fn into_vec(self) -> Vec<u8> {
+        match self {
+            Stored::Inline(n, b) => b[..usize::from(n)].to_vec(),
+            Stored::Heap(v) => v,
+        }
+    }
+}
+
+impl std::ops::Deref for Stored {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        match self {
+            Stored::Inline(n, b) => &b[..usize::from(*n)],
+            Stored::Heap(v) => v,
+        }
+    }
+}
+
 /// What arrived before its receive was posted.
 #[derive(Debug)]
 pub(crate) enum Body {
-    /// The data, copied out of the transport slot (so its credit returns).
-    Eager(Vec<u8>),
+    /// The data.
+    Eager(Stored),
     /// A rendezvous offer: the sender's buffer key and its request cookie.
     Rts { key: RemoteKey, cookie: u64 },
 }
@@ -272,7 +313,7 @@ mod tests {
     }
 
     fn unexp(src: u32, ctx: u32, tag: u32, byte: u8) -> Unexpected {
-        Unexpected { src, ctx, tag, len: 1, body: Body::Eager(vec![byte]) }
+        Unexpected { src, ctx, tag, len: 1, body: Body::Eager(Stored::new(&[byte])) }
     }
 
     #[test]

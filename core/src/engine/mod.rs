@@ -32,7 +32,7 @@ use crate::bootstrap::Link;
 use crate::error::{Error, Result};
 use crate::failure::Failure;
 use crate::select::Transport;
-use matching::{Body, Matching, Posted, Unexpected};
+use matching::{Body, Matching, Posted, Stored, Unexpected};
 use requests::Requests;
 pub(crate) use requests::{RawStatus, ReqId, WaitsOn};
 
@@ -196,6 +196,22 @@ impl Engine {
         }
         let header = MsgHeader::eager(match_bits(ctx, tag), data.len(), 0);
         Ok(self.tp.try_send(dest, &header, data)? == SendOutcome::Sent)
+    }
+
+    /// Receives into `buf` at once from an eager message that already
+    /// arrived and that a receive of (ctx, src, tag) takes: a blocking
+    /// receive that completes inline needs no request and no lend. `None`:
+    /// no such message (or a rendezvous offer), and nothing was taken.
+    #[inline]
+    pub(crate) fn recv_arrived(&mut self, ctx: u32, src: Option<u32>, tag: Option<u32>, buf: &mut [u8]) -> Option<RawStatus> {
+        if !matches!(self.matching.peek_unexpected(ctx, src, tag), Some(Unexpected { body: Body::Eager(_), .. })) {
+            return None;
+        }
+        let u = self.matching.take_unexpected(ctx, src, tag)?;
+        let Body::Eager(data) = u.body else { unreachable!("peeked as eager") };
+        let n = buf.len().min(data.len());
+        buf[..n].copy_from_slice(&data[..n]);
+        Some(RawStatus { src: u.src, tag: u.tag, sent: data.len() as u64, capacity: buf.len() as u64 })
     }
 
     /// Starts a send of the lent buffer `buf` to world rank `dest`.
@@ -868,7 +884,7 @@ impl Engine {
         }
         let u = self.matching.take_unexpected(ctx, None, None)?;
         match u.body {
-            Body::Eager(d) => Some((u.src, u.tag, d)),
+            Body::Eager(d) => Some((u.src, u.tag, d.into_vec())),
             Body::Rts { .. } => None,
         }
     }
@@ -931,7 +947,7 @@ fn on_message(
     match h.kind {
         MsgKind::Eager => match matching.take_posted(peer, ctx, tag) {
             Some(p) => deliver(reqs, lend, p.req, p.buf, peer, tag, payload),
-            None => matching.arrive(Unexpected { src: peer, ctx, tag, len: h.len, body: Body::Eager(payload.to_vec()) }),
+            None => matching.arrive(Unexpected { src: peer, ctx, tag, len: h.len, body: Body::Eager(Stored::new(payload)) }),
         },
         MsgKind::Rts => {
             let Some(key) = RemoteKey::decode(payload) else {
