@@ -21,6 +21,8 @@ pub struct Request<'s> {
     id: ReqId,
     elem_size: usize,
     check: Check,
+    /// A send that went out inside `isend`: its status, with no engine request behind it.
+    done: Option<RawStatus>,
     _scope: PhantomData<&'s mut &'s ()>,
 }
 
@@ -65,7 +67,7 @@ impl<'s, 'env> Scope<'s, 'env> {
 
     fn request(&self, id: ReqId, elem_size: usize, check: Check) -> Request<'s> {
         self.pending.borrow_mut().push((id, elem_size, check));
-        Request { id, elem_size, check, _scope: PhantomData }
+        Request { id, elem_size, check, done: None, _scope: PhantomData }
     }
 
     /// The user's status of a finished operation, with the checks its kind needs.
@@ -97,6 +99,16 @@ impl<'s, 'env> Scope<'s, 'env> {
 
     pub(crate) fn isend_ctx<T: Pod>(&self, ctx: u32, buf: &'env [T], dest: u32, tag: u32) -> Result<Request<'s>> {
         let w = self.comm.check_rank("send destination", dest)?;
+        let bytes: &[u8] = bytemuck::cast_slice(buf);
+        // An eager send that goes out now needs no lend, no engine request
+        // and no place in the scope's list (a window of small sends).
+        if self.comm.sh.engine.borrow_mut().send_inline(ctx, tag, w, bytes).map_err(|e| self.comm.localize(e))? {
+            let me = self.comm.sh.engine.borrow().world_rank();
+            let sent = bytes.len() as u64;
+            let raw = RawStatus { src: me, tag, sent, capacity: sent };
+            let id = ReqId::new(u32::MAX, u32::MAX); // never pending: a later use is stale
+            return Ok(Request { id, elem_size: std::mem::size_of::<T>(), check: Check::PointToPoint, done: Some(raw), _scope: PhantomData });
+        }
         let lent = self.lender.lend(bytemuck::cast_slice(buf));
         let id = {
             let mut e = self.comm.sh.engine.borrow_mut();
@@ -174,6 +186,9 @@ impl<'s, 'env> Scope<'s, 'env> {
 
     /// Waits for `req` and returns its status (for a send: our rank, the tag, the count sent).
     pub fn wait(&self, req: Request<'s>) -> Result<Status> {
+        if let Some(raw) = req.done {
+            return self.status(raw, req.elem_size, req.check);
+        }
         self.forget(req.id)?;
         let sh = &self.comm.sh;
         let raw = {
@@ -197,16 +212,23 @@ impl<'s, 'env> Scope<'s, 'env> {
     /// completes if a live member sends. Once it completed or failed for
     /// good, the handle is spent (a further call is [`Error::StaleRequest`]).
     pub fn wait_mut(&self, req: &mut Request<'s>) -> Result<Status> {
+        if let Some(raw) = req.done.take() {
+            // Spent: a further call finds no request.
+            return self.status(raw, req.elem_size, req.check);
+        }
         let sh = &self.comm.sh;
         let r = sh.engine.borrow_mut().wait(&mut sh.lend.borrow_mut(), req.id);
         match r {
             Err(err) if sh.engine.borrow().is_pending(req.id) => Err(self.comm.localize(err)),
-            _ => self.wait(Request { id: req.id, elem_size: req.elem_size, check: req.check, _scope: PhantomData }),
+            _ => self.wait(Request { id: req.id, elem_size: req.elem_size, check: req.check, done: None, _scope: PhantomData }),
         }
     }
 
     /// Whether `req` is complete (drives progress once); `wait` then returns at once.
     pub fn test(&self, req: &Request<'s>) -> Result<bool> {
+        if req.done.is_some() {
+            return Ok(true);
+        }
         let sh = &self.comm.sh;
         let mut e = sh.engine.borrow_mut();
         if e.is_pending(req.id) {
@@ -237,6 +259,10 @@ impl<'s, 'env> Scope<'s, 'env> {
     pub fn wait_any(&self, reqs: &mut Vec<Request<'s>>) -> Result<(usize, Status)> {
         if reqs.is_empty() {
             return Err(Error::InvalidCount { what: "wait_any", detail: "no requests given".into() });
+        }
+        if let Some(i) = reqs.iter().position(|r| r.done.is_some()) {
+            let r = reqs.swap_remove(i);
+            return self.wait(r).map(|s| (i, s));
         }
         let ids: Vec<ReqId> = reqs.iter().map(|r| r.id).collect();
         let sh = &self.comm.sh;
