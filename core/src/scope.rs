@@ -107,7 +107,13 @@ impl<'s, 'env> Scope<'s, 'env> {
             let sent = bytes.len() as u64;
             let raw = RawStatus { src: me, tag, sent, capacity: sent };
             let id = ReqId::new(u32::MAX, u32::MAX); // never pending: a later use is stale
-            return Ok(Request { id, elem_size: std::mem::size_of::<T>(), check: Check::PointToPoint, done: Some(raw), _scope: PhantomData });
+            return Ok(Request {
+                id,
+                elem_size: std::mem::size_of::<T>(),
+                check: Check::PointToPoint,
+                done: Some(raw),
+                _scope: PhantomData,
+            });
         }
         let lent = self.lender.lend(bytemuck::cast_slice(buf));
         let id = {

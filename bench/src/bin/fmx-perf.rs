@@ -9,7 +9,9 @@ use clap::Parser;
 use fmx_bench::cli::{Cli, Command, PerfArgs};
 use fmx_bench::params::{Format, Params, Test};
 use fmx_bench::report::{self, Writer};
-use fmx_bench::{all, check_cost, compare, limits, meta, scale_model, neighbor, neighbor_compare, ofi_compare, osu, pair, peers, redistribute};
+use fmx_bench::{
+    all, check_cost, compare, limits, meta, neighbor, neighbor_compare, ofi_compare, osu, pair, peers, redistribute, scale_model,
+};
 
 /// One rank of a point-to-point test: the world split so that the pair
 /// measuring (`--pair`, or rank 0 and the first rank on another node) are

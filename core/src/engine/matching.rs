@@ -100,7 +100,7 @@ impl Unexpected {
 /// (context, source, tag): what an exact receive names.
 type Key = (u32, u32, u32);
 
-/// A hasher for [`Key`]s: one multiply per word (FxHash's), since SipHash
+/// A hasher for [`Key`]s: one multiply per word (`FxHash`'s), since `SipHash`
 /// would cost more than the whole match of a ping-pong. Keys come from our
 /// own ranks and tags, not from an attacker.
 #[derive(Default, Clone, Copy)]
@@ -239,13 +239,11 @@ impl Matching {
         if self.waiting == 0 {
             return None;
         }
-        match (src, tag) {
-            (Some(s), Some(t)) => self.by_key.get(&(ctx, s, t)).and_then(|q| q.front().copied()),
-            _ => {
-                let i = self.unexpected.iter().position(|u| u.as_ref().is_some_and(|u| u.matches(ctx, src, tag)))?;
-                Some(self.head + i as u64)
-            }
+        if let (Some(s), Some(t)) = (src, tag) {
+            return self.by_key.get(&(ctx, s, t)).and_then(|q| q.front().copied());
         }
+        let i = self.unexpected.iter().position(|u| u.as_ref().is_some_and(|u| u.matches(ctx, src, tag)))?;
+        Some(self.head + i as u64)
     }
 
     /// The earliest unexpected message this receive accepts, removed.
@@ -381,7 +379,8 @@ mod tests {
                 let wild = |d: u32, v: u32| if d == 0 { None } else { Some(v) };
                 if draw(2) == 0 {
                     // A message arrives: a posted receive takes it, or it waits.
-                    let want = posted.iter().position(|&(c, ps, pt, _)| c == ctx && ps.is_none_or(|x| x == src) && pt.is_none_or(|x| x == tag));
+                    let want =
+                        posted.iter().position(|&(c, ps, pt, _)| c == ctx && ps.is_none_or(|x| x == src) && pt.is_none_or(|x| x == tag));
                     let got = m.take_posted(src, ctx, tag).map(|p| p.req);
                     assert_eq!(got, want.map(|i| posted.remove(i).3), "step {step}");
                     if got.is_none() {
@@ -391,7 +390,9 @@ mod tests {
                 } else {
                     // A receive: an unexpected message satisfies it, or it is posted.
                     let (s_, t_) = (wild(draw(4), src), wild(draw(4), tag));
-                    let want = unexpected.iter().position(|&(us, uc, ut, _)| uc == ctx && s_.is_none_or(|x| x == us) && t_.is_none_or(|x| x == ut));
+                    let want = unexpected
+                        .iter()
+                        .position(|&(us, uc, ut, _)| uc == ctx && s_.is_none_or(|x| x == us) && t_.is_none_or(|x| x == ut));
                     let got = m.take_unexpected(ctx, s_, t_).map(|u| match u.body {
                         Body::Eager(v) => v[0],
                         Body::Rts { .. } => unreachable!(),

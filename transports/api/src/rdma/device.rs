@@ -1,7 +1,7 @@
 //! What only the device can do.
 
-use super::sealed::{Core, Sealed};
 use super::memory::{Access, Local, Memory, Registration};
+use super::sealed::{Core, Sealed};
 use super::RdmaState;
 use crate::ops::{Operations, Piece};
 use crate::pool::RegistrationHook;

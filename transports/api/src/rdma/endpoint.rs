@@ -3,8 +3,8 @@
 
 use std::time::{Duration, Instant};
 
-use super::sealed::Core;
 use super::memory::{Access, Memory, Path};
+use super::sealed::Core;
 use super::{Admit, Posted, RdmaDevice};
 use crate::own::OWN_SLOT;
 use crate::{

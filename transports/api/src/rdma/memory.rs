@@ -71,7 +71,10 @@ enum Exposure<M> {
     PerOp(M),
     /// The peer reads or writes the bounce buffer; a writable one is copied
     /// to `dst` when the exposure ends.
-    Bounce { lease: Lease, dst: Option<Dst> },
+    Bounce {
+        lease: Lease,
+        dst: Option<Dst>,
+    },
 }
 
 /// How the core came by memory for an operation or exposure (for the stats).
