@@ -191,11 +191,7 @@ impl Engine {
     /// request path, which queues it).
     #[inline]
     pub(crate) fn send_inline(&mut self, ctx: u32, tag: u32, dest: u32, data: &[u8]) -> Result<bool> {
-        if data.len() > self.max_eager || !self.outq[queue(dest, MsgKind::Eager)].is_empty() {
-            return Ok(false);
-        }
-        let header = MsgHeader::eager(match_bits(ctx, tag), data.len(), 0);
-        Ok(self.tp.try_send(dest, &header, data)? == SendOutcome::Sent)
+        Ok(data.len() <= self.max_eager && self.try_send_now(ctx, tag, dest, data)? == SendOutcome::Sent)
     }
 
     /// Receives into `buf` at once from an eager message that already
@@ -229,10 +225,10 @@ impl Engine {
         let data = lend.get(buf).ok_or(Error::StaleRequest(0))?;
         let bits = match_bits(ctx, tag);
         if data.len() <= self.max_eager {
-            let header = MsgHeader::eager(bits, data.len(), 0);
-            if self.outq[queue(dest, MsgKind::Eager)].is_empty() && self.tp.try_send(dest, &header, data)? == SendOutcome::Sent {
+            if self.send_inline(ctx, tag, dest, data)? {
                 self.reqs.complete(req, RawStatus { src: self.me, tag, sent: data.len() as u64, capacity: data.len() as u64 });
             } else {
+                let header = MsgHeader::eager(bits, data.len(), 0);
                 self.enqueue(dest, Outgoing { header, payload: Payload::Lent(buf), completes: Some(req), since: Instant::now() });
             }
         } else {
@@ -896,6 +892,7 @@ impl Engine {
     }
 
     /// Sends an eager message now or not at all (no queueing).
+    #[inline]
     pub(crate) fn try_send_now(&mut self, ctx: u32, tag: u32, dest: u32, data: &[u8]) -> Result<SendOutcome> {
         if data.len() > self.max_eager {
             return Err(Error::InvalidCount {
