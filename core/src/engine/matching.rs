@@ -248,8 +248,33 @@ impl Matching {
 
     /// The earliest unexpected message this receive accepts, removed.
     pub(crate) fn take_unexpected(&mut self, ctx: u32, src: Option<u32>, tag: Option<u32>) -> Option<Unexpected> {
+        self.take_unexpected_if(ctx, src, tag, |_| true)
+    }
+
+    /// The earliest unexpected message this receive accepts, removed if it is
+    /// eager (a rendezvous offer stays queued): its source, tag and bytes.
+    pub(crate) fn take_unexpected_eager(&mut self, ctx: u32, src: Option<u32>, tag: Option<u32>) -> Option<(u32, u32, Stored)> {
+        let u = self.take_unexpected_if(ctx, src, tag, |u| matches!(u.body, Body::Eager(_)))?;
+        match u.body {
+            Body::Eager(data) => Some((u.src, u.tag, data)),
+            Body::Rts { .. } => None,
+        }
+    }
+
+    /// The earliest unexpected message this receive accepts, removed if `take` says so.
+    fn take_unexpected_if(
+        &mut self,
+        ctx: u32,
+        src: Option<u32>,
+        tag: Option<u32>,
+        take: impl Fn(&Unexpected) -> bool,
+    ) -> Option<Unexpected> {
         let n = self.find_unexpected(ctx, src, tag)?;
-        let u = self.unexpected.get_mut((n - self.head) as usize)?.take()?;
+        let slot = self.unexpected.get_mut((n - self.head) as usize)?;
+        if !slot.as_ref().is_some_and(&take) {
+            return None;
+        }
+        let u = slot.take()?;
         self.waiting -= 1;
         // The earliest message a receive accepts is the earliest of its key.
         if let Some(q) = self.by_key.get_mut(&(u.ctx, u.src, u.tag)) {

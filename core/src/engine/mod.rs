@@ -200,14 +200,10 @@ impl Engine {
     /// no such message (or a rendezvous offer), and nothing was taken.
     #[inline]
     pub(crate) fn recv_arrived(&mut self, ctx: u32, src: Option<u32>, tag: Option<u32>, buf: &mut [u8]) -> Option<RawStatus> {
-        if !matches!(self.matching.peek_unexpected(ctx, src, tag), Some(Unexpected { body: Body::Eager(_), .. })) {
-            return None;
-        }
-        let u = self.matching.take_unexpected(ctx, src, tag)?;
-        let Body::Eager(data) = u.body else { unreachable!("peeked as eager") };
+        let (src, tag, data) = self.matching.take_unexpected_eager(ctx, src, tag)?;
         let n = buf.len().min(data.len());
         buf[..n].copy_from_slice(&data[..n]);
-        Some(RawStatus { src: u.src, tag: u.tag, sent: data.len() as u64, capacity: buf.len() as u64 })
+        Some(RawStatus { src, tag, sent: data.len() as u64, capacity: buf.len() as u64 })
     }
 
     /// Starts a send of the lent buffer `buf` to world rank `dest`.
@@ -874,15 +870,7 @@ impl Engine {
     /// Takes the earliest unexpected eager message on `ctx` (any source, any tag):
     /// (source, tag, data). Rendezvous offers stay queued (see `has_unexpected_rts`).
     pub(crate) fn take_unexpected_eager(&mut self, ctx: u32) -> Option<(u32, u32, Vec<u8>)> {
-        match self.matching.peek_unexpected(ctx, None, None)?.body {
-            Body::Eager(_) => {}
-            Body::Rts { .. } => return None,
-        }
-        let u = self.matching.take_unexpected(ctx, None, None)?;
-        match u.body {
-            Body::Eager(d) => Some((u.src, u.tag, d.into_vec())),
-            Body::Rts { .. } => None,
-        }
+        self.matching.take_unexpected_eager(ctx, None, None).map(|(src, tag, d)| (src, tag, d.into_vec()))
     }
 
     /// The earliest unexpected message on `ctx`, if it is a rendezvous offer: (source, tag, length).
