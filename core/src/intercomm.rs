@@ -239,7 +239,7 @@ impl Drop for Intercomm {
     fn drop(&mut self) {
         if std::thread::panicking() {
             if let Some(b) = self.bridge.take() {
-                crate::abort_shared(&b.sh, "panicked");
+                crate::abort_shared(&b.sh, crate::PANIC_EXIT_CODE, "panicked");
             }
         } else {
             let _ = self.close();

@@ -244,18 +244,30 @@ pub(crate) fn finalize_shared(sh: &std::rc::Rc<comm::Shared>) -> Result<()> {
     r
 }
 
+/// The exit code of a Rust panic, which the launcher is told when a rank panics.
+pub(crate) const PANIC_EXIT_CODE: i32 = 101;
+
 /// Leaves without finalizing (the process is failing: it panicked): tells
 /// the launcher, so every rank learns it at once, and waits for nobody.
-pub(crate) fn abort_shared(sh: &comm::Shared, why: &str) {
+pub(crate) fn abort_shared(sh: &comm::Shared, code: i32, why: &str) {
     if sh.finalized.replace(true) {
         return;
     }
     if let Ok(b) = sh.boot.try_borrow() {
-        b.abort(why);
+        b.abort(code, why);
     }
 }
 
 impl Fmx {
+    /// Ends the whole job, like `MPI_Abort` on the world: the launcher is told
+    /// (fmxrun tells every rank; Hydra's PMI kills every rank on every node
+    /// and mpiexec exits with `code`), then this process exits with `code`.
+    /// For a failure no rank can recover from, such as a lost node.
+    pub fn abort(self, code: i32, why: &str) -> ! {
+        abort_shared(&self.world.sh, code, why);
+        std::process::exit(code)
+    }
+
     /// The communicator of every process of the job.
     pub fn world(&self) -> &Comm {
         &self.world
@@ -352,7 +364,7 @@ impl Drop for Fmx {
     /// then tells every rank that this one panicked.
     fn drop(&mut self) {
         if std::thread::panicking() {
-            abort_shared(&self.world.sh, "panicked");
+            abort_shared(&self.world.sh, PANIC_EXIT_CODE, "panicked");
         } else {
             let _ = self.finalize_inner();
         }

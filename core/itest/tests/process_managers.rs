@@ -197,3 +197,16 @@ fn mpirun_on_a_build_without_pmix_is_refused() {
     assert!(text(&o).contains(why), "{}", text(&o));
     assert_eq!(count(&o, "OK identity"), 0, "{}", text(&o));
 }
+
+#[test]
+#[ignore = "needs MPICH's mpiexec.hydra: scripts/test-all installs it and runs these"]
+fn fmx_abort_ends_the_whole_job_under_hydra() {
+    // Rank 1 calls Fmx::abort(7); ranks 0 and 2 wait on it for ever. Without
+    // PMI's abort Hydra would wait for them, and `timeout` would end it (124).
+    let o = hydra(3, "1", "abort");
+    assert_eq!(o.status.code(), Some(7), "mpiexec's code is the abort's:\n{}", text(&o));
+    assert!(text(&o).contains("fmx: rank 1 aborts the job (exit code 7): the test asks rank 1 to abort"), "{}", text(&o));
+    // Hydra 4.0.2 does not know PMI-2's abort command: it ends the job anyway, with its own code.
+    let o = hydra(3, "2", "abort");
+    assert!(!o.status.success() && o.status.code() != Some(124), "PMI-2: {:?}:\n{}", o.status, text(&o));
+}

@@ -304,7 +304,7 @@ impl Launcher for Client {
     fn link(&self) -> Option<Rc<Link>> {
         Some(Client::link(self))
     }
-    fn abort(&self, why: &str) {
+    fn abort(&self, _code: i32, why: &str) {
         Client::abort(self, why);
     }
 }

@@ -102,8 +102,9 @@ pub(crate) trait Launcher: UserBootstrap {
         None
     }
 
-    /// Tells the launcher that this process is failing (best effort).
-    fn abort(&self, _why: &str) {}
+    /// Tells the launcher that this process is failing with exit code `code`
+    /// (best effort, never blocks long).
+    fn abort(&self, _code: i32, _why: &str) {}
 }
 
 /// A process that no launcher started: a world of one.

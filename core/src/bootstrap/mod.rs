@@ -153,8 +153,8 @@ impl Bootstrap {
     }
 
     /// [`Launcher::abort`].
-    pub(crate) fn abort(&self, why: &str) {
-        self.0.abort(why);
+    pub(crate) fn abort(&self, code: i32, why: &str) {
+        self.0.abort(code, why);
     }
 
     /// Which launcher this is, for messages and `Fmx::launcher`.

@@ -468,6 +468,21 @@ impl Client {
         }
     }
 
+    /// Asks the process manager to end the whole job (`PMI_Abort`): Hydra kills
+    /// every rank, on every node, and mpiexec exits with `code`. Without it a
+    /// rank that fails leaves the job waiting on ranks that wait on it, or on
+    /// a node that is gone. Best effort: no reply is read.
+    pub(crate) fn abort(&self, code: i32, why: &str) {
+        // Neither form can carry a ';' or a newline inside a value.
+        let why: String = why.chars().map(|c| if matches!(c, ';' | '\n' | '\r') { ',' } else { c }).collect();
+        let bytes = match self.version {
+            Version::V1 => Msg::new("abort").with("exitcode", code).to_v1().into_bytes(),
+            Version::V2 => Msg::new("abort").with("isworld", "TRUE").with("msg", &why).to_v2(),
+        };
+        eprintln!("fmx: rank {} aborts the job (exit code {code}): {why}", self.rank);
+        let _ = self.conn.get_ref().send_now(&bytes);
+    }
+
     /// Sends a request and checks the reply's command and `rc`.
     fn call(&mut self, msg: &Msg, expect: &str) -> Result<Msg> {
         let what = msg.cmd.clone();
@@ -586,6 +601,9 @@ impl super::launcher::Launcher for Client {
     }
     fn spawn(&mut self, req: &SpawnRequest) -> Result<()> {
         Client::spawn(self, req)
+    }
+    fn abort(&self, code: i32, why: &str) {
+        Client::abort(self, code, why);
     }
     fn parent_value(&mut self, key: &str) -> Result<Option<String>> {
         Client::parent_value(self, key)

@@ -137,6 +137,12 @@ impl Deadlined {
         Self { stream, deadline: None }
     }
 
+    /// Writes `bytes` at once, giving up after 200 ms (an abort must not block).
+    pub(crate) fn send_now(&self, bytes: &[u8]) -> io::Result<()> {
+        self.stream.set_write_timeout(Some(std::time::Duration::from_millis(200)))?;
+        (&self.stream).write_all(bytes)
+    }
+
     /// Whether something (data or the end of the stream) arrives within `limit`.
     pub(crate) fn readable_within(&self, limit: std::time::Duration) -> io::Result<bool> {
         use std::os::fd::AsFd;
