@@ -31,7 +31,16 @@ fn shared_peer_state<D: RdmaDevice>(d: &mut D, peer: PeerId) -> PeerState {
     if let Some(state) = st.peers.departed(&st.mailbox, peer) {
         return state;
     }
-    d.probe(CORE, peer); // another host: a failed probe marks it dead
+    // Another host: a failed probe marks it dead. One more peer is probed per
+    // check, in turn: a wait on the ranks of a lost node finds them all dead
+    // within one probe timeout, not one after another.
+    d.probe(CORE, peer);
+    let st = d.state_mut(CORE);
+    let other = st.probe_cursor % st.size;
+    st.probe_cursor = other + 1;
+    if other != st.rank && other != peer && st.peers.departed(&st.mailbox, other).is_none() {
+        d.probe(CORE, other);
+    }
     PeerState::Alive
 }
 

@@ -72,6 +72,8 @@ pub struct RdmaState<L> {
     pub explicit_due: bool,
     /// Every peer got its share of the pool (after the job's shape was known).
     pub reallocated: bool,
+    /// The next peer a liveness check probes besides the one asked about.
+    pub probe_cursor: u32,
     /// We called finalize: our mailbox words say so.
     pub finalized: bool,
     /// Registrations by kind (the total is `registrations`).
@@ -109,6 +111,7 @@ impl<L> RdmaState<L> {
             own: OwnQueue::default(),
             explicit_due: false,
             reallocated: false,
+            probe_cursor: 0,
             finalized: false,
             stats: RegistrationStats::default(),
             registrations,
