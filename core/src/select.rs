@@ -138,9 +138,15 @@ pub(crate) fn open(boot: &mut Bootstrap) -> Result<Transport> {
     };
     if spread && (choice == "shm" || choice == "auto") {
         let other = nodes.iter().position(|&n| n != nodes[0]).unwrap_or(0);
+        // What would work: this build's network transports, or the features that add them.
+        let fix = if NETWORK_TRANSPORTS.is_empty() {
+            "build fmx with the `verbs` or `ofi` feature and use FMX_TRANSPORT=auto".to_string()
+        } else {
+            let nets: Vec<String> = NETWORK_TRANSPORTS.iter().flat_map(|n| [format!("shm+{n}"), (*n).to_string()]).collect();
+            format!("use FMX_TRANSPORT=auto or one of {} (this build has them)", nets.join(", "))
+        };
         return Err(Error::Bootstrap(format!(
-            "the job spans {} nodes (rank 0 on node {}, rank {other} on node {}) but transport {choice:?} reaches only this host; \
-             build fmx with the `verbs` or `ofi` feature and use FMX_TRANSPORT=verbs, ofi, shm+verbs, shm+ofi or auto",
+            "the job spans {} nodes (rank 0 on node {}, rank {other} on node {}) but transport {choice:?} reaches only this host; {fix}",
             distinct(&nodes),
             nodes[0],
             nodes[other]
