@@ -150,6 +150,29 @@ fn main() {
         }
     };
     announce(&fmx);
+    if scenario == "abort" {
+        // Rank 1 ends the job; the others wait on it for ever (only the
+        // launcher's kill ends them).
+        if fmx.world().rank() == 1 {
+            fmx.abort(7, "the test asks rank 1 to abort");
+        }
+        let r = fmx.world().recv(&mut [0u8; 1], 1, 5);
+        fmx_itest::report(&scenario, Err(format!("the wait on rank 1 ended: {r:?}")));
+        std::process::exit(1);
+    }
+    if scenario == "node-loss" {
+        // Ends the job through the launcher, as MPI_Abort would: the ranks of
+        // the lost node cannot finalize.
+        match node_loss(&fmx) {
+            Ok(Some(lost)) => fmx.abort(4, &format!("lost ranks {lost:?} (their node is gone)")),
+            // A survivor that is not its node's leader: the leader ends the job.
+            Ok(None) => std::process::exit(4),
+            Err(e) => {
+                fmx_itest::report(&scenario, Err(e));
+                std::process::exit(1);
+            }
+        }
+    }
     let w = fmx.world();
     let r = match scenario.as_str() {
         "registered" => registered(&fmx, w),
@@ -551,6 +574,54 @@ fn early_exit(w: &Comm) -> R {
         }
         other => Err(format!("expected PeerGone for rank 1, got {other:?}")),
     }
+}
+
+/// The ranks of node 0 wait on every rank of the other nodes, which wait on
+/// rank 0 until the harness powers their node off (hw-tests/rxe-cluster).
+/// Each lost rank must be named, with the time it was noticed (the kernel's
+/// uptime: the harness's clock inside the guest, whose busybox `date` has no
+/// sub-second field).
+/// Then the survivors tell their node's leader (its lowest rank), which
+/// returns the lost ranks: it ends the job once every survivor has reported.
+fn node_loss(fmx: &fmx::Fmx) -> Result<Option<Vec<u32>>, String> {
+    let w = fmx.world();
+    let me = w.rank();
+    w.barrier().map_err(e2s)?;
+    let (mut remote, mut local) = (Vec::new(), Vec::new());
+    for r in 0..w.size() {
+        if w.transport_of(r).map_err(e2s)? == "shm" {
+            local.push(r);
+        } else {
+            remote.push(r);
+        }
+    }
+    let mut b = [0u8; 8];
+    if fmx.locality().node != 0 {
+        println!("NODE-LOSS waiting rank {me}");
+        return match w.recv(&mut b, 0, 77) {
+            Ok(_) => Err("rank 0 sent a message it never sends".into()),
+            Err(e) => Err(format!("waiting on rank 0: {e}")),
+        };
+    }
+    println!("NODE-LOSS ready rank {me} waits on {remote:?}");
+    for &r in &remote {
+        match w.recv(&mut b, r, 77) {
+            Err(Error::PeerGone { rank, .. }) if rank == r => {
+                let uptime = std::fs::read_to_string("/proc/uptime").unwrap_or_default();
+                let at = uptime.split_whitespace().next().unwrap_or("unknown");
+                println!("LOST rank {r} noticed by rank {me} at uptime {at}");
+            }
+            other => return Err(format!("waiting on rank {r} of the lost node: expected PeerGone naming it, got {other:?}")),
+        }
+    }
+    if local[0] != me {
+        w.send(&[1u8], local[0], 78).map_err(e2s)?;
+        return Ok(None);
+    }
+    for &l in &local[1..] {
+        w.recv(&mut b[..1], l, 78).map_err(e2s)?;
+    }
+    Ok(Some(remote))
 }
 
 fn bad_input(w: &Comm) -> R {
