@@ -132,6 +132,19 @@ pub struct Fmx {
     world: Comm,
     /// [`Fmx::parent`] was called (the bridge is joined once).
     parent_taken: Cell<bool>,
+    /// When `init` began (connections are reported relative to it).
+    started: std::time::Instant,
+}
+
+/// A connection this process holds toward one rank ([`Fmx::connections`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Connection {
+    /// The world rank it reaches.
+    pub rank: u32,
+    /// The transport that holds it (`verbs`, `ofi`).
+    pub transport: &'static str,
+    /// How long after `init` began it was ready.
+    pub made_after: std::time::Duration,
 }
 
 /// How to start.
@@ -164,7 +177,7 @@ pub fn init_with_bootstrap(bootstrap: Box<dyn UserBootstrap>, opts: InitOptions)
         let boot = bootstrap::Bootstrap::user(bootstrap)?;
         let local_ranks = Locality::from_nodes(&boot.nodes(), boot.rank()).local_size as usize;
         let world = open_world(boot, local_ranks)?;
-        Ok(Fmx { world, parent_taken: Cell::new(false) })
+        Ok(Fmx { world, parent_taken: Cell::new(false), started: std::time::Instant::now() })
     })
 }
 
@@ -172,7 +185,9 @@ fn start(opts: InitOptions, open: impl FnOnce() -> Result<Fmx>) -> Result<Fmx> {
     if INITIALIZED.swap(true, Ordering::SeqCst) {
         return Err(Error::AlreadyInitialized);
     }
-    let r = log::init().and_then(|()| open()).and_then(|f| {
+    let started = std::time::Instant::now();
+    let r = log::init().and_then(|()| open()).and_then(|mut f| {
+        f.started = started;
         if !opts.defer_join {
             f.wait_for_join(f.world.size())?;
             f.reallocate_credits()?;
@@ -194,7 +209,7 @@ fn init_inner() -> Result<Fmx> {
         .and_then(|v| v.parse::<usize>().ok())
         .unwrap_or_else(|| Locality::from_nodes(&boot.nodes(), boot.rank()).local_size as usize);
     let world = open_world(boot, local_ranks)?;
-    Ok(Fmx { world, parent_taken: Cell::new(false) })
+    Ok(Fmx { world, parent_taken: Cell::new(false), started: std::time::Instant::now() })
 }
 
 /// Opens a transport through `boot` and the communicator of all its ranks
@@ -341,6 +356,21 @@ impl Fmx {
     pub fn receive_memory(&self) -> ReceiveMemory {
         use fmx_transport::Endpoint;
         self.world.sh.engine.borrow().tp.receive_memory()
+    }
+
+    /// The connections this process holds, in rank order within each
+    /// transport, and when each was made (after `init` began). Shared memory
+    /// keeps none per peer: one segment serves the node. Today every network
+    /// connection is made during `init`, toward every rank of the job (a
+    /// mixed transport's network half too, toward this node's ranks).
+    pub fn connections(&self) -> Vec<Connection> {
+        let engine = self.world.sh.engine.borrow();
+        engine
+            .tp
+            .connections()
+            .into_iter()
+            .map(|(transport, c)| Connection { rank: c.peer, transport, made_after: c.made_at.saturating_duration_since(self.started) })
+            .collect()
     }
 
     /// Tells the peers, waits for every rank, then shuts the transport down.

@@ -11,7 +11,8 @@
 use std::collections::HashMap;
 
 use fmx_transport::{
-    Arrival, Endpoint, MsgHeader, OpStatus, PeerId, PeerState, ReceiveMemory, RegistrationStats, RemoteKey, SendOutcome, TransportError,
+    Arrival, Connection, Endpoint, MsgHeader, OpStatus, PeerId, PeerState, ReceiveMemory, RegistrationStats, RemoteKey, SendOutcome,
+    TransportError,
 };
 
 /// Operation ids of the network endpoint carry this bit (the local one's never do).
@@ -100,6 +101,15 @@ impl<L: Endpoint, N: Endpoint> Mixed<L, N> {
             Some(None) => Ok(Side::Net),
             None => Err(TransportError::NoSuchPeer { peer, size: self.size }),
         }
+    }
+
+    /// The local endpoint's connections (peers made world ranks), then the network's.
+    pub(crate) fn connections_by_half(&self) -> [Vec<Connection>; 2] {
+        let mut local = self.local.connections();
+        for c in &mut local {
+            c.peer = self.to_world[c.peer as usize];
+        }
+        [local, self.net.connections()]
     }
 
     /// `e` from the local endpoint, its peer made a world rank.
@@ -334,6 +344,12 @@ impl<L: Endpoint, N: Endpoint> Endpoint for Mixed<L, N> {
             own: a.own + b.own,
             eager_resident: a.eager_resident + b.eager_resident,
         }
+    }
+
+    fn connections(&self) -> Vec<Connection> {
+        let [mut local, net] = self.connections_by_half();
+        local.extend(net);
+        local
     }
 
     fn publish_receive_shares(&mut self, weights: &[u64]) -> Result<bool, TransportError> {

@@ -8,7 +8,8 @@ use fmx_ofi::{OfiConfig, OfiEndpoint, OfiSetup};
 use fmx_shm::{ShmConfig, ShmEndpoint, ShmSetup};
 use fmx_transport::loopback::Loopback;
 use fmx_transport::{
-    Arrival, Endpoint, MsgHeader, OpStatus, PeerId, PeerState, ReceiveMemory, RegistrationStats, RemoteKey, SendOutcome, TransportError,
+    Arrival, Connection, Endpoint, MsgHeader, OpStatus, PeerId, PeerState, ReceiveMemory, RegistrationStats, RemoteKey, SendOutcome,
+    TransportError,
 };
 #[cfg(feature = "verbs")]
 use fmx_verbs::{VerbsConfig, VerbsEndpoint, VerbsSetup};
@@ -107,6 +108,29 @@ impl Transport {
             _ => {
                 let _ = peer;
                 self.name()
+            }
+        }
+    }
+
+    /// Every connection this process holds, with the name of the transport
+    /// that holds it (a mixed transport's network half connects to every
+    /// rank of the job, those of this node too).
+    pub(crate) fn connections(&self) -> Vec<(&'static str, Connection)> {
+        #[cfg_attr(not(any(feature = "verbs", feature = "ofi", test)), allow(dead_code))]
+        fn halves<L: Endpoint, N: Endpoint>(m: &Mixed<L, N>, local: &'static str, net: &'static str) -> Vec<(&'static str, Connection)> {
+            let [l, n] = m.connections_by_half();
+            l.into_iter().map(|c| (local, c)).chain(n.into_iter().map(|c| (net, c))).collect()
+        }
+        match self {
+            #[cfg(feature = "verbs")]
+            Self::ShmVerbs(m) => halves(m, "shm", "verbs"),
+            #[cfg(feature = "ofi")]
+            Self::ShmOfi(m) => halves(m, "shm", "ofi"),
+            #[cfg(test)]
+            Self::SimMix(m) => halves(m, "sim-local", "sim-net"),
+            _ => {
+                let name = self.name();
+                Endpoint::connections(self).into_iter().map(|c| (name, c)).collect()
             }
         }
     }
@@ -411,6 +435,9 @@ impl Endpoint for Transport {
     }
     fn receive_memory(&self) -> ReceiveMemory {
         dispatch!(self, ep => ep.receive_memory())
+    }
+    fn connections(&self) -> Vec<Connection> {
+        dispatch!(self, ep => ep.connections())
     }
     fn publish_receive_shares(&mut self, weights: &[u64]) -> Result<bool, TransportError> {
         dispatch!(self, ep => ep.publish_receive_shares(weights))

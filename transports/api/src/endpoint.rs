@@ -53,6 +53,16 @@ impl ReceiveMemory {
     }
 }
 
+/// A connection an endpoint holds toward one peer (a queue pair, a libfabric
+/// address with its credits), and when it was made.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Connection {
+    /// The peer.
+    pub peer: PeerId,
+    /// When the connection was ready to carry messages.
+    pub made_at: std::time::Instant,
+}
+
 /// A received message, still in its slot (see [`Endpoint::arrivals`]).
 #[derive(Debug)]
 #[must_use = "an arrival holds a slot until Endpoint::release"]
@@ -299,6 +309,12 @@ pub trait Endpoint: Send {
 
     /// Where our receive memory goes.
     fn receive_memory(&self) -> ReceiveMemory;
+
+    /// The connections this endpoint holds, by peer. None by default: shared
+    /// memory maps one segment for the node and keeps nothing per peer.
+    fn connections(&self) -> Vec<Connection> {
+        Vec::new()
+    }
 
     /// Sizes each sender's share of our eager pool by `weights[sender]`
     /// (relative; 0 for a sender we expect little from, which keeps a

@@ -48,6 +48,6 @@ pub mod rdma;
 pub mod settings;
 pub mod sweep;
 
-pub use endpoint::{Arrival, Endpoint, OpStatus, PeerId, PeerState, ReceiveMemory, RegistrationStats, RemoteKey, SendOutcome};
+pub use endpoint::{Arrival, Connection, Endpoint, OpStatus, PeerId, PeerState, ReceiveMemory, RegistrationStats, RemoteKey, SendOutcome};
 pub use error::TransportError;
 pub use header::{MsgHeader, MsgKind, HEADER_BYTES};

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use fmx_transport::credit::{mailbox, Class, PeerCredits};
 use fmx_transport::liveness::{host_identity, PeerLife};
-use fmx_transport::peers::{Peer, PeerList};
+use fmx_transport::peers::Peer;
 use fmx_transport::pool::{HugePages, Lease, Pool, PoolConfig, RegistrationHook};
 use fmx_transport::rdma::{
     anonymous,
@@ -385,7 +385,7 @@ impl OfiSetup {
         let names: Vec<&[u8]> = decoded.iter().map(|a| a.name.as_slice()).collect();
         let fi_addrs = ep.fabric.insert(&names)?;
         let mine = host_identity();
-        ep.st.peers = PeerList::new(
+        ep.st.set_peers(
             decoded
                 .iter()
                 .zip(fi_addrs)
@@ -403,6 +403,8 @@ impl OfiSetup {
                 .collect(),
         );
         ep.connect_all(CONNECT_TIMEOUT)?;
+        // Usable only now: every peer has answered.
+        ep.st.connected_now();
         Ok(ep)
     }
 }

@@ -56,6 +56,21 @@ fn routes(fmx: &fmx::Fmx, w: &Comm) -> R {
     }
     check!(w.transport_of(w.size()).is_err(), "transport_of({}) is not an error", w.size());
     println!("ROUTES {}", seen.join(","));
+    // Fmx::connections: shared memory keeps none per peer; a network
+    // transport (alone, or a mixed one's network half) connects to every
+    // other rank during init, once each.
+    let net = match name.split_once('+') {
+        Some((_, net)) => Some(net),
+        None if name == "shm" => None,
+        None => Some(name),
+    };
+    let want: Vec<(u32, &str)> = net.map_or_else(Vec::new, |net| (0..w.size()).filter(|&r| r != me).map(|r| (r, net)).collect());
+    let conns = fmx.connections();
+    let got: Vec<(u32, &str)> = conns.iter().map(|c| (c.rank, c.transport)).collect();
+    check!(got == want, "connections {got:?}, expected {want:?} (transport {name})");
+    check!(conns.iter().all(|c| c.made_after > std::time::Duration::ZERO), "a connection made before init began: {conns:?}");
+    let ms: Vec<u128> = conns.iter().map(|c| c.made_after.as_millis()).collect();
+    println!("CONNECTIONS rank {me}: {} over {}, made {:?} ms into init", conns.len(), net.unwrap_or("-"), ms);
     // Traffic both ways on every route: a ring of 8 B and 1 MiB.
     let n = w.size();
     for len in [8usize, 1 << 20] {

@@ -312,6 +312,10 @@ impl<D: RdmaDevice + Send> Endpoint for D {
         self.state().receive_memory()
     }
 
+    fn connections(&self) -> Vec<crate::Connection> {
+        self.state().connections()
+    }
+
     fn split_rendezvous(&self) -> bool {
         self.splits_rendezvous()
     }

@@ -2,6 +2,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::Instant;
 
 use memmap2::MmapMut;
 
@@ -86,6 +87,8 @@ pub struct RdmaState<L> {
     pub recv: MmapMut,
     /// Receive slots handed to the core and not yet released, by index.
     held: Vec<bool>,
+    /// When each peer's connection was ready (`None`: not connected).
+    connected_at: Vec<Option<Instant>>,
 }
 
 /// What [`RdmaState::admit`] decided about an eager send.
@@ -118,6 +121,7 @@ impl<L> RdmaState<L> {
             mailbox,
             recv,
             held: Vec::new(),
+            connected_at: Vec::new(),
         }
     }
 
@@ -198,8 +202,31 @@ impl<L> RdmaState<L> {
     /// The state with its peers connected (ourselves as `None`).
     #[must_use]
     pub fn with_peers(mut self, peers: Vec<Option<Peer<L>>>) -> Self {
-        self.peers = PeerList::new(peers);
+        self.set_peers(peers);
         self
+    }
+
+    /// Installs the connected peers (ourselves as `None`), noting when.
+    pub fn set_peers(&mut self, peers: Vec<Option<Peer<L>>>) {
+        self.peers = PeerList::new(peers);
+        self.connected_now();
+    }
+
+    /// Notes every installed peer as connected now (a device whose
+    /// connections become usable after a handshake calls it once that ends).
+    pub fn connected_now(&mut self) {
+        let now = Instant::now();
+        self.connected_at = self.peers.iter().map(|p| p.as_ref().map(|_| now)).collect();
+    }
+
+    /// `Endpoint::connections`: every connected peer, in rank order.
+    pub fn connections(&self) -> Vec<crate::Connection> {
+        (0..self.size)
+            .filter_map(|peer| {
+                let made_at = (*self.connected_at.get(peer as usize)?)?;
+                Some(crate::Connection { peer, made_at })
+            })
+            .collect()
     }
 
     /// The payload of a message handed out of receive slot `arrival.slot`

@@ -194,7 +194,7 @@ fn pair() -> (MemoryDevice, MemoryDevice, Arc<Mutex<usize>>) {
         };
         let mut peers = vec![None, None];
         peers[1 - rank as usize] = Some(peer);
-        st.peers = crate::peers::PeerList::new(peers);
+        st.set_peers(peers);
         MemoryDevice {
             st,
             wires: wires.clone(),
@@ -217,6 +217,17 @@ fn drain(ep: &mut MemoryDevice) -> Vec<(PeerId, u64, Vec<u8>)> {
     let mut got = Vec::new();
     ep.poll(64, |p, h, b| got.push((p, h.match_bits, b.to_vec()))).expect("poll");
     got
+}
+
+#[test]
+fn connections_list_each_installed_peer_once_with_when_it_was_made() {
+    let before = std::time::Instant::now();
+    let (a, b, _) = pair();
+    for (ep, other) in [(&a, 1), (&b, 0)] {
+        let c = Endpoint::connections(ep);
+        assert_eq!(c.iter().map(|c| c.peer).collect::<Vec<_>>(), vec![other], "rank {} connects to its one peer only", ep.st.rank);
+        assert!(c[0].made_at >= before && c[0].made_at <= std::time::Instant::now(), "made during the set-up: {c:?}");
+    }
 }
 
 #[test]
