@@ -232,7 +232,7 @@ pub struct Args {
     #[arg(long, default_value_t = Costs::FMX.rtt_us)]
     pub rtt_us: f64,
     /// Inside a job (fmxrun, mpiexec, srun) over an RDMA transport: check the
-    /// model's eager receive memory against what this job's ranks report
+    /// model's eager receive memory and connections against what this job's ranks report
     #[arg(long)]
     pub measure: bool,
 }
@@ -247,9 +247,9 @@ pub fn main(a: &Args) -> Result<(), String> {
     Ok(())
 }
 
-/// Every rank compares its receive memory with the model's (all-to-all:
-/// today's fmx connects every peer); rank 0 prints the comparison. Fails
-/// when a rank differs, naming it.
+/// Every rank compares its receive memory and its connections with the
+/// model's (all-to-all: today's fmx connects every peer); rank 0 prints the
+/// comparison. Fails when a rank differs, naming it.
 fn measure() -> Result<(), String> {
     let fmx = fmx::init().map_err(|e| e.to_string())?;
     let w = fmx.world();
@@ -265,22 +265,49 @@ fn measure() -> Result<(), String> {
         pool_slots: number("FMX_POOL_SLOTS", Costs::FMX.pool_slots),
         ..Costs::FMX
     };
-    let model = per_process(Job { ranks: n, per_node: 1, degree: n - 1 }, Mode::Eager, &costs).eager_bytes;
-    let measured = (m.eager_pool + m.control) as u64;
-    let mut all = vec![0u64; n as usize];
-    w.allgather(&[measured], &mut all).map_err(|e| e.to_string())?;
-    let wrong: Vec<String> = all.iter().enumerate().filter(|(_, &b)| b != model).map(|(r, b)| format!("rank {r}: {b} B")).collect();
+    let model = per_process(Job { ranks: n, per_node: 1, degree: n - 1 }, Mode::Eager, &costs);
+    // Each rank's eager receive memory and its connections (Fmx::connections:
+    // queue pairs on verbs, libfabric connections on ofi), and when its last
+    // connection was ready, in microseconds after init began.
+    let conns = fmx.connections();
+    let last_us = conns.iter().map(|c| c.made_after.as_micros() as u64).max().unwrap_or(0);
+    let mine = [(m.eager_pool + m.control) as u64, conns.len() as u64, last_us];
+    let mut all = vec![0u64; 3 * n as usize];
+    w.allgather(&mine, &mut all).map_err(|e| e.to_string())?;
+    let ranks: Vec<&[u64]> = all.chunks(3).collect();
+    let differ = |i: usize, want: u64, unit: &str| -> Vec<String> {
+        ranks.iter().enumerate().filter(|(_, v)| v[i] != want).map(|(r, v)| format!("rank {r}: {}{unit}", v[i])).collect()
+    };
+    let (wrong_mem, wrong_qps) = (differ(0, model.eager_bytes, " B"), differ(1, model.queue_pairs, " connections"));
+    let shown = |wrong: &[String], want: String| if wrong.is_empty() { want } else { wrong.join(", ") };
     if w.rank() == 0 {
-        println!("# scale model against this job ({transport}): eager pool + control slots per process");
-        println!("| N | model | measured (every rank) |");
-        println!("|---:|---:|---:|");
-        println!("| {n} | {model} B | {} |", if wrong.is_empty() { format!("{model} B") } else { wrong.join(", ") });
+        let slowest = ranks.iter().map(|v| v[2]).max().unwrap_or(0);
+        println!("# scale model against this job ({transport}): per process");
+        println!(
+            "| N | eager memory: model | measured (every rank) | connections: model | measured (every rank) | last connection ready |"
+        );
+        println!("|---:|---:|---:|---:|---:|---:|");
+        println!(
+            "| {n} | {} B | {} | {} | {} | {:.1} ms into init |",
+            model.eager_bytes,
+            shown(&wrong_mem, format!("{} B", model.eager_bytes)),
+            model.queue_pairs,
+            shown(&wrong_qps, model.queue_pairs.to_string()),
+            slowest as f64 / 1000.0
+        );
     }
     fmx.finalize().map_err(|e| e.to_string())?;
+    let mut wrong = Vec::new();
+    if !wrong_mem.is_empty() {
+        wrong.push(format!("{} B of eager receive memory per process, but {}", model.eager_bytes, wrong_mem.join(", ")));
+    }
+    if !wrong_qps.is_empty() {
+        wrong.push(format!("{} connections per process, but {}", model.queue_pairs, wrong_qps.join(", ")));
+    }
     if wrong.is_empty() {
         Ok(())
     } else {
-        Err(format!("the model says {model} B of eager receive memory per process for N={n}, but {}", wrong.join(", ")))
+        Err(format!("for N={n} the model says {}", wrong.join("; and ")))
     }
 }
 
