@@ -106,11 +106,11 @@ fn columns(p: &Params) -> String {
 }
 
 /// The header lines of the column formats.
-pub fn header(p: &Params, transport: &str, pair: &str, large: &str) -> String {
+pub fn header(p: &Params, transport: &str, pair: &str, set_up: &str, large: &str) -> String {
     let buffers = if p.plain { "plain Vec (registered per operation or bounced)" } else { "registered once (Fmx::alloc_registered)" };
     let mut s = format!("# fmx-perf {} (OSU methodology), transport {transport}\n", p.test.name());
     // Under shm+verbs or shm+ofi, which half carries this pair.
-    s.push_str(&format!("# {pair}\n# large messages: {large}\n"));
+    s.push_str(&format!("# {pair}\n# set-up: {set_up}\n# large messages: {large}\n"));
     // Like perftest (and OSU under an MPI registration cache), buffers are registered once.
     s.push_str(&format!("# buffers: {buffers}\n# iterations: {}\n", p.loops_line()));
     if p.test != Test::Latency {
@@ -312,7 +312,12 @@ mod tests {
     fn osu_lines_parse_back() {
         let p = Params::new(Test::Bw);
         let rows = [row(1, 0.25), row(4 << 20, 15000.5)];
-        let mut w = Writer::new(Vec::new(), &p, &header(&p, "shm", "rank 0 (node 0) to rank 1 (node 0): shm", "single copy")).unwrap();
+        let mut w = Writer::new(
+            Vec::new(),
+            &p,
+            &header(&p, "shm", "rank 0 (node 0) to rank 1 (node 0): shm", "no connection to set up", "single copy"),
+        )
+        .unwrap();
         for r in &rows {
             w.row(r.clone()).unwrap();
         }
