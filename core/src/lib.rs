@@ -367,7 +367,7 @@ impl Fmx {
         let engine = self.world.sh.engine.borrow();
         engine
             .tp
-            .connections()
+            .connections_by_transport()
             .into_iter()
             .map(|(transport, c)| Connection { rank: c.peer, transport, made_after: c.made_at.saturating_duration_since(self.started) })
             .collect()

@@ -115,7 +115,7 @@ impl Transport {
     /// Every connection this process holds, with the name of the transport
     /// that holds it (a mixed transport's network half connects to every
     /// rank of the job, those of this node too).
-    pub(crate) fn connections(&self) -> Vec<(&'static str, Connection)> {
+    pub(crate) fn connections_by_transport(&self) -> Vec<(&'static str, Connection)> {
         #[cfg_attr(not(any(feature = "verbs", feature = "ofi", test)), allow(dead_code))]
         fn halves<L: Endpoint, N: Endpoint>(m: &Mixed<L, N>, local: &'static str, net: &'static str) -> Vec<(&'static str, Connection)> {
             let [l, n] = m.connections_by_half();
