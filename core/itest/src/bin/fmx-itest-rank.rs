@@ -179,9 +179,17 @@ fn main() {
         // Ends the job through the launcher, as MPI_Abort would: the ranks of
         // the lost node cannot finalize.
         match node_loss(&fmx) {
-            Ok(Some(lost)) => fmx.abort(4, &format!("lost ranks {lost:?} (their node is gone)")),
-            // A survivor that is not its node's leader: the leader ends the job.
-            Ok(None) => std::process::exit(4),
+            Ok(Survivor::Leader { lost }) => fmx.abort(4, &format!("lost ranks {lost:?} (their node is gone)")),
+            // A survivor that is not its node's leader: the leader ends the
+            // job. It must not exit first: under Hydra the first rank to exit
+            // non-zero ends the job, killing the leader before it has named
+            // every lost rank. It waits for the leader's abort to kill it (a
+            // message never sent; a leader that dies instead ends the wait).
+            Ok(Survivor::Member { leader }) => {
+                let r = fmx.world().recv(&mut [0u8; 1], leader, 79);
+                eprintln!("node-loss: the wait on the leader, rank {leader}, ended: {r:?}");
+                std::process::exit(4)
+            }
             Err(e) => {
                 fmx_itest::report(&scenario, Err(e));
                 std::process::exit(1);
@@ -598,7 +606,7 @@ fn early_exit(w: &Comm) -> R {
 /// sub-second field).
 /// Then the survivors tell their node's leader (its lowest rank), which
 /// returns the lost ranks: it ends the job once every survivor has reported.
-fn node_loss(fmx: &fmx::Fmx) -> Result<Option<Vec<u32>>, String> {
+fn node_loss(fmx: &fmx::Fmx) -> Result<Survivor, String> {
     let w = fmx.world();
     let me = w.rank();
     w.barrier().map_err(e2s)?;
@@ -631,12 +639,20 @@ fn node_loss(fmx: &fmx::Fmx) -> Result<Option<Vec<u32>>, String> {
     }
     if local[0] != me {
         w.send(&[1u8], local[0], 78).map_err(e2s)?;
-        return Ok(None);
+        return Ok(Survivor::Member { leader: local[0] });
     }
     for &l in &local[1..] {
         w.recv(&mut b[..1], l, 78).map_err(e2s)?;
     }
-    Ok(Some(remote))
+    Ok(Survivor::Leader { lost: remote })
+}
+
+/// What a rank of the surviving node does once it has named every lost rank.
+enum Survivor {
+    /// The node's lowest rank: every other survivor reported; it ends the job.
+    Leader { lost: Vec<u32> },
+    /// Another survivor: it reported to `leader` and waits for the job's end.
+    Member { leader: u32 },
 }
 
 fn bad_input(w: &Comm) -> R {
