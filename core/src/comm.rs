@@ -180,6 +180,14 @@ impl Comm {
         Ok(self.sh.engine.borrow().tp.name_of(w))
     }
 
+    /// Whether the connection to rank `r` is made by the first message
+    /// between us (`FMX_CONNECT=lazy`) rather than during init.
+    pub fn connects_on_demand(&self, r: u32) -> Result<bool> {
+        use fmx_transport::Endpoint;
+        let w = self.world_rank_of(r).ok_or_else(|| Error::InvalidRank { what: "connects_on_demand", rank: i64::from(r), size: self.size() })?;
+        Ok(self.sh.engine.borrow().tp.connects_on_demand(w))
+    }
+
     /// How messages above the eager limit move on this transport (for
     /// example whether shared memory copies once, by cross-memory attach, or
     /// twice, through the segments where the kernel refuses it).

@@ -22,16 +22,24 @@ pub(crate) fn wait_for_join(world: &Comm, maxnodes: u32) -> Result<()> {
     if me >= maxnodes {
         return Err(Error::InvalidRank { what: "wait_for_join: our node ID is not below maxnodes", rank: i64::from(me), size: maxnodes });
     }
+    // A peer connected on demand (FMX_CONNECT=lazy) joins by its first
+    // message: the transport opens the way then, so the join skips it.
+    let joins = |j: u32| !on_demand(world, j);
     world.scope(|s| {
-        for j in 0..me {
+        for j in (0..me).filter(|&j| joins(j)) {
             let _ = s.isend_coll::<u8>(&[], j, tag::JOIN)?;
         }
         Ok(())
     })?;
-    for j in me + 1..maxnodes {
+    for j in (me + 1..maxnodes).filter(|&j| joins(j)) {
         recv::<u8>(world, &mut [], j, tag::JOIN)?;
     }
     Ok(())
+}
+
+/// Whether world rank `peer` is connected on demand.
+pub(crate) fn on_demand(world: &Comm, peer: u32) -> bool {
+    world.sh.engine.borrow().tp.connects_on_demand(peer)
 }
 
 /// Divides our eager pool among all peers ("no one else will join").

@@ -346,6 +346,10 @@ impl<L: Endpoint, N: Endpoint> Endpoint for Mixed<L, N> {
         }
     }
 
+    fn connects_on_demand(&self, peer: PeerId) -> bool {
+        matches!(self.side(peer), Ok(Side::Net)) && self.net.connects_on_demand(peer)
+    }
+
     fn connections(&self) -> Vec<Connection> {
         let [mut local, net] = self.connections_by_half();
         local.extend(net);

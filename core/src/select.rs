@@ -142,6 +142,8 @@ pub(crate) fn open(boot: &mut Bootstrap) -> Result<Transport> {
     if let Some(problem) = transport_problem(&choice) {
         return Err(Error::Bootstrap(problem));
     }
+    // Read by the network transports only; a bad value is an error on every one.
+    fmx_transport::settings::ConnectMode::from_env()?;
     if boot.size() == 1 {
         return Ok(Transport::Loopback(Loopback::new()));
     }
@@ -438,6 +440,9 @@ impl Endpoint for Transport {
     }
     fn connections(&self) -> Vec<Connection> {
         dispatch!(self, ep => ep.connections())
+    }
+    fn connects_on_demand(&self, peer: PeerId) -> bool {
+        dispatch!(self, ep => ep.connects_on_demand(peer))
     }
     fn publish_receive_shares(&mut self, weights: &[u64]) -> Result<bool, TransportError> {
         dispatch!(self, ep => ep.publish_receive_shares(weights))

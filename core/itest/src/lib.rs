@@ -1,5 +1,6 @@
 //! Helpers shared by the rank programs and the tests that launch them.
 
+pub mod connect;
 pub mod launchers;
 pub mod topology;
 

@@ -275,6 +275,32 @@ fn every_peer_has_a_named_route() {
     }
 }
 
+/// Connections on demand: a ring connects each rank to its two neighbours
+/// only (lazily; every rank eagerly), an alltoall then connects every pair.
+/// On a network transport both modes run; an unknown mode is an error.
+#[test]
+fn a_sparse_ring_connects_only_its_neighbours_until_an_alltoall() {
+    for np in [3, 8, 16] {
+        run_ok(np, "sparse");
+    }
+    if transport().is_some_and(|t| t.contains("ofi")) {
+        run_ok_env(8, "sparse", &[("FMX_CONNECT", "eager")]);
+        run_ok_env(4, "routes", &[("FMX_CONNECT", "eager")]);
+    }
+    let (o, _) = launch_env(2, "zero", &[("FMX_CONNECT", "sometimes")]);
+    assert_ne!(o.code, 0, "{}", dump(&o));
+    assert!(o.lines.iter().any(|(_, e, l)| *e && l.contains("FMX_CONNECT=\"sometimes\" is not a connection mode")), "{}", dump(&o));
+}
+
+/// Every rank sends to every other at once, 100 times, right after init:
+/// lazily, the connections open from both ends at the same instant.
+#[test]
+fn crossing_connects_neither_deadlock_nor_lose_a_message() {
+    for np in [2, 5, 8] {
+        run_ok(np, "crossing");
+    }
+}
+
 /// FMX_LOG reports a send that waited for a credit, and the rendezvous;
 /// a bad filter is an error naming FMX_LOG.
 #[test]

@@ -130,7 +130,15 @@ impl Comm {
         let mine = [u8::from(self.sh.check_colls)];
         let mut all = vec![0u8; self.size() as usize];
         let was = self.sh.in_coll.replace(true);
-        let r = self.allgather(&mine, &mut all);
+        // With connections made on demand, a ring (allgatherv's algorithm):
+        // start-up then connects each rank to its two ring neighbours only,
+        // where recursive doubling would connect log2(N).
+        let r = if (0..self.size()).any(|p| crate::join::on_demand(self, p)) {
+            let (counts, displs): (Vec<usize>, Vec<usize>) = (0..all.len()).map(|i| (1, i)).unzip();
+            self.allgatherv(&mine, &mut all, &counts, &displs)
+        } else {
+            self.allgather(&mine, &mut all)
+        };
         self.sh.in_coll.set(was);
         r?;
         match all.iter().position(|&f| f != all[0]) {

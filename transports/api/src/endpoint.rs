@@ -310,6 +310,15 @@ pub trait Endpoint: Send {
     /// Where our receive memory goes.
     fn receive_memory(&self) -> ReceiveMemory;
 
+    /// Whether the connection to `peer` is made by the first message
+    /// between us (`FMX_CONNECT=lazy`), so that no join at init must reach
+    /// it. `false` by default: the transport is ready toward every peer once
+    /// the job has joined.
+    fn connects_on_demand(&self, peer: PeerId) -> bool {
+        let _ = peer;
+        false
+    }
+
     /// The connections this endpoint holds, by peer. None by default: shared
     /// memory maps one segment for the node and keeps nothing per peer.
     fn connections(&self) -> Vec<Connection> {

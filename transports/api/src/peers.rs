@@ -7,7 +7,7 @@ use std::ops::{Deref, DerefMut};
 
 use memmap2::MmapMut;
 
-use crate::credit::{mailbox, Class, CreditConfig, Gate, PeerCredits};
+use crate::credit::{mailbox, Class, Gate, PeerCredits};
 use crate::liveness::PeerLife;
 use crate::{PeerId, PeerState, SendOutcome, TransportError};
 
@@ -120,18 +120,12 @@ impl<P: RdmaPeer> PeerList<P> {
             _ => Some(PeerState::Dead),
         }
     }
-
-    /// Gives every peer its slice of the eager pool (once the job's shape is known).
-    pub fn reallocate(&mut self, cfg: &CreditConfig) {
-        for p in self.peers.iter_mut().flatten() {
-            p.credits().reallocate(cfg);
-        }
-    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::credit::CreditConfig;
 
     type P = Peer<()>;
 

@@ -12,10 +12,12 @@ pub(crate) struct Address {
     pub(crate) mailbox_addr: u64,
     pub(crate) mailbox_key: u64,
     pub(crate) provider: String,
+    /// It connects on demand (`FMX_CONNECT=lazy`): every rank must.
+    pub(crate) lazy: bool,
     pub(crate) name: Vec<u8>,
 }
 
-const FIXED: usize = 4 + 24 + 8 + 8 + 1 + 2;
+const FIXED: usize = 4 + 24 + 8 + 8 + 1 + 1 + 2;
 
 impl Address {
     pub(crate) fn encode(&self) -> Vec<u8> {
@@ -24,6 +26,7 @@ impl Address {
         b.extend_from_slice(&self.host);
         b.extend_from_slice(&self.mailbox_addr.to_le_bytes());
         b.extend_from_slice(&self.mailbox_key.to_le_bytes());
+        b.push(u8::from(self.lazy));
         b.push(self.provider.len() as u8);
         b.extend_from_slice(self.provider.as_bytes());
         b.extend_from_slice(&(self.name.len() as u16).to_le_bytes());
@@ -37,9 +40,9 @@ impl Address {
             return Err(bad());
         }
         let u64_at = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().expect("8 bytes"));
-        let plen = b[44] as usize;
-        let provider = b.get(45..45 + plen).ok_or_else(bad)?;
-        let nlen_at = 45 + plen;
+        let plen = b[45] as usize;
+        let provider = b.get(46..46 + plen).ok_or_else(bad)?;
+        let nlen_at = 46 + plen;
         let nlen = u16::from_le_bytes(b.get(nlen_at..nlen_at + 2).ok_or_else(bad)?.try_into().expect("2 bytes")) as usize;
         let name = b.get(nlen_at + 2..).filter(|n| n.len() == nlen).ok_or_else(bad)?;
         Ok(Self {
@@ -48,6 +51,7 @@ impl Address {
             mailbox_addr: u64_at(28),
             mailbox_key: u64_at(36),
             provider: String::from_utf8_lossy(provider).into_owned(),
+            lazy: b[44] != 0,
             name: name.to_vec(),
         })
     }
@@ -65,6 +69,7 @@ mod tests {
             mailbox_addr: 0x7f00_0000_1000,
             mailbox_key: 42,
             provider: "tcp;ofi_rxm".into(),
+            lazy: true,
             name: vec![2, 0, 0x1f, 0x90, 127, 0, 0, 1],
         };
         let b = a.encode();

@@ -20,7 +20,7 @@ use fmx_transport::rdma::{
     sealed::{Core, Sealed},
     Access, EagerConfig, Local, Memory, Posted, RdmaDevice, RdmaState, DEFAULT_BOUNCE_BYTES,
 };
-use fmx_transport::settings::{env_number, env_positive};
+use fmx_transport::settings::{env_number, env_positive, ConnectMode};
 use fmx_transport::{Arrival, PeerId, RemoteKey, SendOutcome, TransportError, HEADER_BYTES};
 use memmap2::MmapMut;
 
@@ -80,8 +80,10 @@ impl OfiConfig {
     /// Defaults, overridden by `FMX_OFI_PROVIDER`, `FMX_OFI_DOMAIN`, `FMX_OFI_PIECE_BYTES`, `FMX_OFI_RMA`,
     /// `FMX_OFI_CTRL_SLOTS`, and the eager pool's variables ([`EagerConfig::from_env`]).
     pub fn from_env(rank: u32, size: u32) -> Result<Self, TransportError> {
+        let mut eager = EagerConfig::from_env(rank, size)?;
+        eager.connect.get_or_insert(ConnectMode::Lazy);
         Ok(Self {
-            eager: EagerConfig::from_env(rank, size)?,
+            eager,
             provider: fmx_transport::settings::var("FMX_OFI_PROVIDER"),
             // A comma-separated list is taken by rank (rank r uses entry r mod len).
             domain: fmx_transport::settings::var("FMX_OFI_DOMAIN").and_then(|d| {
@@ -356,6 +358,7 @@ impl OfiSetup {
             mailbox_addr: self.ep.mailbox_mr.remote_addr(self.ep.mailbox_mr.base),
             mailbox_key: self.ep.mailbox_mr.key,
             provider: self.ep.provider.clone(),
+            lazy: self.ep.st.conns.lazy(),
             name: self.ep.fabric.name()?,
         }
         .encode())
@@ -382,6 +385,19 @@ impl OfiSetup {
                 source: std::io::Error::from(std::io::ErrorKind::InvalidInput),
             });
         }
+        let lazy = ep.st.conns.lazy();
+        if let Some((r, _)) = decoded.iter().enumerate().find(|(_, a)| a.lazy != lazy) {
+            let mode = |l: bool| if l { ConnectMode::Lazy.name() } else { ConnectMode::Eager.name() };
+            return Err(TransportError::Setup {
+                what: format!(
+                    "rank {r} connects {} but rank {} connects {}: set FMX_CONNECT alike for the whole job",
+                    mode(!lazy),
+                    cfg.eager.rank,
+                    mode(lazy)
+                ),
+                source: std::io::Error::from(std::io::ErrorKind::InvalidInput),
+            });
+        }
         let names: Vec<&[u8]> = decoded.iter().map(|a| a.name.as_slice()).collect();
         let fi_addrs = ep.fabric.insert(&names)?;
         let mine = host_identity();
@@ -402,9 +418,11 @@ impl OfiSetup {
                 })
                 .collect(),
         );
-        ep.connect_all(CONNECT_TIMEOUT)?;
-        // Usable only now: every peer has answered.
-        ep.st.connected_now();
+        if !ep.st.conns.lazy() {
+            ep.connect_all(CONNECT_TIMEOUT)?;
+            // Usable only now: every peer has answered.
+            ep.st.connected_now();
+        }
         Ok(ep)
     }
 }

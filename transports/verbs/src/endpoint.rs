@@ -18,6 +18,7 @@ use fmx_transport::rdma::{
     setup_error, Access as MemAccess, EagerConfig, Local, Memory, Posted, RdmaDevice, RdmaState,
 };
 use fmx_transport::settings::env_number as env_num;
+use fmx_transport::settings::ConnectMode;
 use fmx_transport::{Arrival, PeerId, SendOutcome, TransportError, HEADER_BYTES};
 use memmap2::MmapMut;
 
@@ -69,8 +70,18 @@ impl VerbsConfig {
     /// `FMX_VERBS_SRQ` (0: off), `FMX_VERBS_INLINE_BYTES`, `FMX_VERBS_BOUNCE_BYTES`,
     /// `FMX_VERBS_ACK_TIMEOUT_EXP` and `FMX_VERBS_RETRY_COUNT`.
     pub fn from_env(rank: u32, size: u32) -> Result<Self, TransportError> {
+        let mut eager = EagerConfig::from_env(rank, size)?;
+        if eager.connect == Some(ConnectMode::Lazy) {
+            return Err(TransportError::Setup {
+                what: "FMX_CONNECT=lazy: the verbs transport still connects every peer at init (lazy connections are built \
+                       for ofi so far); set FMX_CONNECT=eager, or FMX_TRANSPORT=ofi or shm+ofi"
+                    .into(),
+                source: std::io::Error::from(std::io::ErrorKind::Unsupported),
+            });
+        }
+        eager.connect = Some(ConnectMode::Eager);
         Ok(Self {
-            eager: EagerConfig::from_env(rank, size)?,
+            eager,
             srq: env_num("FMX_VERBS_SRQ")?.is_none_or(|n| n != 0),
             inline: env_num("FMX_VERBS_INLINE_BYTES")?.map_or(INLINE_BUF as u32, |n| n as u32),
             bounce_max: env_num("FMX_VERBS_BOUNCE_BYTES")?.unwrap_or(DEFAULT_BOUNCE_MAX),

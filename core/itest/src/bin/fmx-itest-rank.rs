@@ -58,28 +58,41 @@ fn routes(fmx: &fmx::Fmx, w: &Comm) -> R {
     println!("ROUTES {}", seen.join(","));
     // Fmx::connections: shared memory keeps none per peer; a network
     // transport (alone, or a mixed one's network half) connects to every
-    // other rank during init, once each.
+    // other rank during init, once each (FMX_CONNECT=eager), or lazily only
+    // to those a message went between: after init, the two ring neighbours
+    // of its one collective; after an alltoall, every rank.
     let net = match name.split_once('+') {
         Some((_, net)) => Some(net),
         None if name == "shm" => None,
         None => Some(name),
     };
-    let want: Vec<(u32, &str)> = net.map_or_else(Vec::new, |net| (0..w.size()).filter(|&r| r != me).map(|r| (r, net)).collect());
-    let conns = fmx.connections();
-    let got: Vec<(u32, &str)> = conns.iter().map(|c| (c.rank, c.transport)).collect();
-    check!(got == want, "connections {got:?}, expected {want:?} (transport {name})");
-    check!(conns.iter().all(|c| c.made_after > std::time::Duration::ZERO), "a connection made before init began: {conns:?}");
-    let ms: Vec<u128> = conns.iter().map(|c| c.made_after.as_millis()).collect();
-    println!("CONNECTIONS rank {me}: {} over {}, made {:?} ms into init", conns.len(), net.unwrap_or("-"), ms);
-    // Traffic both ways on every route: a ring of 8 B and 1 MiB.
     let n = w.size();
+    let all: Vec<(u32, &str)> = (0..n).filter(|&r| r != me).filter_map(|r| Some((r, net?))).filter(|&(r, t)| w.transport_of(r).is_ok_and(|x| x == t)).collect();
+    let lazy = (0..n).any(|r| w.connects_on_demand(r).unwrap_or(false));
+    let ring = [(me + 1) % n, (me + n - 1) % n];
+    let after_init: Vec<(u32, &str)> = all.iter().copied().filter(|(r, _)| !lazy || ring.contains(r)).collect();
+    let connections = |want: &[(u32, &str)], when: &str| -> R {
+        let conns = fmx.connections();
+        let got: Vec<(u32, &str)> = conns.iter().map(|c| (c.rank, c.transport)).collect();
+        check!(got == want, "connections {when}: {got:?}, expected {want:?} (transport {name}, lazy {lazy})");
+        check!(conns.iter().all(|c| c.made_after > std::time::Duration::ZERO), "a connection made before init began: {conns:?}");
+        let ms: Vec<u128> = conns.iter().map(|c| c.made_after.as_millis()).collect();
+        println!("CONNECTIONS rank {me} {when}: {} over {}, made {:?} ms into init", conns.len(), net.unwrap_or("-"), ms);
+        Ok(())
+    };
+    connections(&after_init, "after init")?;
+    // Traffic both ways on every route: a ring of 8 B and 1 MiB, then an alltoall.
     for len in [8usize, 1 << 20] {
         let out = vec![me as u8; len];
         let mut got = vec![0u8; len];
         w.sendrecv(&out, (me + 1) % n, 3, &mut got, (me + n - 1) % n, 3).map_err(e2s)?;
         check!(got.iter().all(|&b| b == ((me + n - 1) % n) as u8), "{len} B from the left differ");
     }
-    Ok(())
+    let out: Vec<u32> = (0..n).map(|r| me << 16 | r).collect();
+    let mut got = vec![0u32; n as usize];
+    w.alltoall(&out, &mut got).map_err(e2s)?;
+    check!((0..n).all(|r| got[r as usize] == r << 16 | me), "alltoall: {got:?}");
+    connections(&all, "after an alltoall")
 }
 
 /// A registered buffer sent 100 times is registered once; a plain slice that
@@ -221,6 +234,8 @@ fn main() {
         "stress" => stress(w, false),
         "stress-sizes" => stress(w, true),
         "routes" => routes(&fmx, w),
+        "sparse" => fmx_itest::connect::sparse(&fmx),
+        "crossing" => fmx_itest::connect::crossing(w),
         // The last rank finishes 3 s after the others (more than FMX_PMI_TIMEOUT in the test).
         "late-finalize" => {
             if w.rank() + 1 == w.size() {
@@ -837,7 +852,15 @@ fn join() -> R {
         check!(got == SendAttempt::NotAllowed, "rank {me} -> {j} before the join: {got:?}, the rule forbids it");
     }
     for j in 0..me {
-        let got = w.try_send(&[me as u8], j, 51).map_err(e2s)?;
+        // Connected on demand, the first message may wait while the
+        // transport connects (Backpressure, with progress); never NotAllowed.
+        let t = std::time::Instant::now();
+        let mut got = w.try_send(&[me as u8], j, 51).map_err(e2s)?;
+        while got == SendAttempt::Backpressure && w.connects_on_demand(j).map_err(e2s)? && t.elapsed().as_secs() < 30 {
+            w.progress().map_err(e2s)?;
+            std::thread::yield_now();
+            got = w.try_send(&[me as u8], j, 51).map_err(e2s)?;
+        }
         check!(got == SendAttempt::Sent, "rank {me} -> smaller {j} before the join: {got:?}");
     }
     // Nobody sends to a larger ID before every rank has checked the above.
@@ -846,6 +869,8 @@ fn join() -> R {
     let t = std::time::Instant::now();
     while (0..n).any(|r| !dir.join(format!("ready-{r}")).exists()) {
         check!(t.elapsed().as_secs() < 60, "ranks never got ready");
+        // Connected on demand, a peer's first message needs our progress to connect.
+        w.progress().map_err(e2s)?;
         std::thread::sleep(std::time::Duration::from_millis(2));
     }
     // A blocking send to the next larger ID makes progress until that rank's join message opens the way.

@@ -3,12 +3,13 @@
 
 use std::time::{Duration, Instant};
 
+use super::connect::{CONNECT_ACCEPT, CONNECT_REQUEST};
 use super::memory::{Access, Memory, Path};
 use super::sealed::Core;
 use super::{Admit, Posted, RdmaDevice};
 use crate::own::OWN_SLOT;
 use crate::{
-    Arrival, Endpoint, MsgHeader, OpStatus, PeerId, PeerState, ReceiveMemory, RegistrationStats, RemoteKey, SendOutcome, TransportError,
+    Arrival, Endpoint, MsgHeader, MsgKind, OpStatus, PeerId, PeerState, ReceiveMemory, RegistrationStats, RemoteKey, SendOutcome, TransportError,
 };
 
 /// The token the core passes to the device.
@@ -33,27 +34,61 @@ fn shared_peer_state<D: RdmaDevice>(d: &mut D, peer: PeerId) -> PeerState {
     }
     // Another host: a failed probe marks it dead. One more peer is probed per
     // check, in turn: a wait on the ranks of a lost node finds them all dead
-    // within one probe timeout, not one after another.
-    d.probe(CORE, peer);
+    // within one probe timeout, not one after another. Lazily, only connected
+    // peers are probed: a probe would open a connection of its own (the
+    // launcher reports a lost process that we never spoke with).
+    if st.reachable(peer) {
+        d.probe(CORE, peer);
+    }
     let st = d.state_mut(CORE);
     let other = st.probe_cursor % st.size;
     st.probe_cursor = other + 1;
-    if other != st.rank && other != peer && st.peers.departed(&st.mailbox, other).is_none() {
+    if other != st.rank && other != peer && st.reachable(other) && st.peers.departed(&st.mailbox, other).is_none() {
         d.probe(CORE, other);
     }
     PeerState::Alive
 }
 
-/// `Endpoint::reallocate_credits`: once, every peer gets its share.
+/// `Endpoint::reallocate_credits`: once, every (connected) peer gets its share.
 fn shared_reallocate_credits<D: RdmaDevice>(d: &mut D) -> Result<(), TransportError> {
     let st = d.state_mut(CORE);
     if st.reallocated {
         return Ok(());
     }
-    st.reallocated = true;
-    let credit = st.credit;
-    st.peers.reallocate(&credit);
+    st.reallocate();
     d.return_credits(CORE, true)
+}
+
+/// Lazily, the data message toward a larger ID that has not spoken to us is
+/// refused by FM's rule: that is "connecting". The first such refusal sends
+/// the connect request (in the control reserve, which the rule does not
+/// close); the peer's answer opens the way.
+fn shared_request_connection<D: RdmaDevice + Send>(d: &mut D, peer: PeerId) -> Result<(), TransportError> {
+    if !d.state().conns.wants_request(peer) {
+        return Ok(());
+    }
+    let request = MsgHeader::control(MsgKind::Internal, CONNECT_REQUEST, 0, 0, 0);
+    if d.try_send(peer, &request, &[])? == SendOutcome::Sent {
+        d.state_mut(CORE).conns.requested(peer);
+    }
+    Ok(())
+}
+
+/// Answers the connect requests that arrived: the answer carries our grant
+/// (FM's newcomer credits and, once the job's shape is known, the slice).
+fn shared_accept_connections<D: RdmaDevice + Send>(d: &mut D) -> Result<(), TransportError> {
+    let due = d.state_mut(CORE).conns.take_accepts();
+    let accept = MsgHeader::control(MsgKind::Internal, CONNECT_ACCEPT, 0, 0, 0);
+    for peer in due {
+        match d.try_send(peer, &accept, &[]) {
+            Ok(SendOutcome::Sent) => {}
+            // A peer gone since its request: whatever waits on it is told by its liveness.
+            Err(TransportError::PeerGone { .. }) => {}
+            Ok(_) => d.state_mut(CORE).conns.accept_later(peer),
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
 }
 
 /// `Endpoint::finalize`: tells every peer, through its mailbox word, and
@@ -207,6 +242,10 @@ impl<D: RdmaDevice + Send> Endpoint for D {
     fn try_send(&mut self, peer: PeerId, header: &MsgHeader, payload: &[u8]) -> Result<SendOutcome, TransportError> {
         let st = self.state_mut(CORE);
         let class = match st.admit(peer, header, payload)? {
+            Admit::Answer(SendOutcome::NotAllowed) => {
+                shared_request_connection(self, peer)?;
+                return Ok(SendOutcome::NotAllowed);
+            }
             Admit::Answer(outcome) => return Ok(outcome),
             Admit::Go(class) => class,
         };
@@ -214,10 +253,10 @@ impl<D: RdmaDevice + Send> Endpoint for D {
         let saved = st.peers.alive(peer)?.credits.clone();
         let wire = st.take_credit(peer, class, header)?;
         let out = self.send_eager(CORE, peer, &wire, payload);
-        if !matches!(out, Ok(SendOutcome::Sent)) {
-            if let Some(Some(p)) = self.state_mut(CORE).peers.get_mut(peer as usize) {
-                p.credits = saved;
-            }
+        if matches!(out, Ok(SendOutcome::Sent)) {
+            self.state_mut(CORE).first_contact(peer);
+        } else if let Some(Some(p)) = self.state_mut(CORE).peers.get_mut(peer as usize) {
+            p.credits = saved;
         }
         out
     }
@@ -231,6 +270,7 @@ impl<D: RdmaDevice + Send> Endpoint for D {
         let rank = st.rank;
         let mut n = st.own.take(rank, max, out);
         n += self.receive(CORE, max - n, out)?;
+        shared_accept_connections(self)?;
         shared_post_pending(self)?;
         if self.state().explicit_due {
             self.return_credits(CORE, false)?;
@@ -314,6 +354,10 @@ impl<D: RdmaDevice + Send> Endpoint for D {
 
     fn connections(&self) -> Vec<crate::Connection> {
         self.state().connections()
+    }
+
+    fn connects_on_demand(&self, peer: PeerId) -> bool {
+        self.state().conns.lazy() && peer != self.state().rank
     }
 
     fn split_rendezvous(&self) -> bool {

@@ -21,6 +21,7 @@ use memmap2::MmapMut;
 
 use crate::TransportError;
 
+pub mod connect;
 mod device;
 pub mod endpoint;
 pub mod memory;

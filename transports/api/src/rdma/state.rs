@@ -2,15 +2,14 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Instant;
-
 use memmap2::MmapMut;
 
+use super::connect::{Connections, CONNECT_REQUEST};
 use super::{CTRL_SLOTS, DEFAULT_NEWCOMER_CREDITS, DEFAULT_POOL_SLOTS, DEFAULT_SLOT_BYTES};
 use crate::credit::{Class, CreditConfig, Gate};
 use crate::own::{OwnQueue, OWN_SLOTS};
 use crate::peers::{Peer, PeerList, RdmaPeer};
-use crate::settings::{env_limited, limits};
+use crate::settings::{env_limited, limits, ConnectMode};
 use crate::{Arrival, MsgHeader, MsgKind, PeerId, ReceiveMemory, RegistrationStats, SendOutcome, TransportError, HEADER_BYTES};
 
 /// The eager pool's settings, alike on every RDMA device.
@@ -28,6 +27,8 @@ pub struct EagerConfig {
     pub newcomer: u32,
     /// Owed credits that trigger an explicit return (`None`: half the slice).
     pub threshold: Option<u32>,
+    /// When connections are made (`FMX_CONNECT`; `None`: the device's default).
+    pub connect: Option<ConnectMode>,
 }
 
 impl EagerConfig {
@@ -41,6 +42,7 @@ impl EagerConfig {
             slot_bytes: env_limited("FMX_SLOT_BYTES", limits::SLOT_BYTES)?.unwrap_or(DEFAULT_SLOT_BYTES),
             newcomer: env_limited("FMX_NEWCOMER_CREDITS", limits::NEWCOMER_CREDITS)?.map_or(DEFAULT_NEWCOMER_CREDITS, |n| n as u32),
             threshold: env_limited("FMX_CREDIT_THRESHOLD", limits::CREDIT_THRESHOLD)?.map(|n| n as u32),
+            connect: ConnectMode::from_env()?,
         })
     }
 
@@ -87,8 +89,8 @@ pub struct RdmaState<L> {
     pub recv: MmapMut,
     /// Receive slots handed to the core and not yet released, by index.
     held: Vec<bool>,
-    /// When each peer's connection was ready (`None`: not connected).
-    connected_at: Vec<Option<Instant>>,
+    /// Which peers are connected, and since when.
+    pub conns: Connections,
 }
 
 /// What [`RdmaState::admit`] decided about an eager send.
@@ -121,7 +123,7 @@ impl<L> RdmaState<L> {
             mailbox,
             recv,
             held: Vec::new(),
-            connected_at: Vec::new(),
+            conns: Connections::new(cfg.size, cfg.connect == Some(ConnectMode::Lazy)),
         }
     }
 
@@ -186,6 +188,10 @@ impl<L> RdmaState<L> {
             return Err(TransportError::Malformed { peer, what: "eager message from a rank that is not a peer" });
         };
         p.credits().on_receive(header.credits, header.ctrl_credits);
+        self.first_contact(peer);
+        if header.kind == MsgKind::Internal && header.match_bits == CONNECT_REQUEST {
+            self.conns.accept_later(peer);
+        }
         let i = slot as usize;
         if self.held.len() <= i {
             self.held.resize(i + 1, false);
@@ -206,27 +212,58 @@ impl<L> RdmaState<L> {
         self
     }
 
-    /// Installs the connected peers (ourselves as `None`), noting when.
+    /// Installs the peers (ourselves as `None`): eagerly, they are connected
+    /// now; lazily, each at its first contact.
     pub fn set_peers(&mut self, peers: Vec<Option<Peer<L>>>) {
         self.peers = PeerList::new(peers);
         self.connected_now();
     }
 
-    /// Notes every installed peer as connected now (a device whose
-    /// connections become usable after a handshake calls it once that ends).
+    /// Eager mode: notes every installed peer as connected now (a device
+    /// whose connections become usable after a handshake calls it once that
+    /// ends). Lazily, nothing is connected before its first message.
     pub fn connected_now(&mut self) {
-        let now = Instant::now();
-        self.connected_at = self.peers.iter().map(|p| p.as_ref().map(|_| now)).collect();
+        if !self.conns.lazy() {
+            self.conns.all_made_now(self.peers.iter().map(Option::is_some));
+        }
+    }
+
+    /// The first message to or from `peer` (lazy mode): it is connected
+    /// now, and gets its credit slice if the job's shape is already known.
+    pub fn first_contact(&mut self, peer: PeerId) {
+        if self.conns.touch(peer) && self.reallocated {
+            let credit = self.credit;
+            if let Some(Some(p)) = self.peers.get_mut(peer as usize) {
+                p.credits().reallocate(&credit);
+            }
+        }
+    }
+
+    /// `Endpoint::reallocate_credits`: every connected peer gets its slice
+    /// now (eagerly: all of them); a peer connected later gets it then.
+    pub fn reallocate(&mut self) {
+        self.reallocated = true;
+        let credit = self.credit;
+        let lazy = self.conns.lazy();
+        for (r, p) in self.peers.iter_mut().enumerate() {
+            if let Some(p) = p {
+                if !lazy || self.conns.is_made(r as PeerId) {
+                    p.credits().reallocate(&credit);
+                }
+            }
+        }
+    }
+
+    /// Whether `peer` may be asked something outside a message (a credit
+    /// word, a probe): always eagerly; lazily, once it is connected, so that
+    /// no such word opens a connection nobody asked for.
+    pub fn reachable(&self, peer: PeerId) -> bool {
+        !self.conns.lazy() || self.conns.is_made(peer)
     }
 
     /// `Endpoint::connections`: every connected peer, in rank order.
     pub fn connections(&self) -> Vec<crate::Connection> {
-        (0..self.size)
-            .filter_map(|peer| {
-                let made_at = (*self.connected_at.get(peer as usize)?)?;
-                Some(crate::Connection { peer, made_at })
-            })
-            .collect()
+        self.conns.list()
     }
 
     /// The payload of a message handed out of receive slot `arrival.slot`
@@ -281,9 +318,12 @@ impl<L> RdmaState<L> {
     /// the word to write into their mailbox.
     pub fn owed_returns(&mut self, all: bool) -> Vec<PeerId> {
         let credit = &self.credit;
+        let conns = &self.conns;
         (0..self.size)
             .filter(|&r| match self.peers.get_mut(r as usize) {
-                Some(Some(p)) => p.life().failure().is_none() && (all || p.credits().wants_explicit(credit)),
+                Some(Some(p)) => {
+                    p.life().failure().is_none() && (all || p.credits().wants_explicit(credit)) && (!conns.lazy() || conns.is_made(r))
+                }
                 _ => false,
             })
             .collect()

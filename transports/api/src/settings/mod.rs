@@ -81,6 +81,37 @@ pub fn env_in(var: &str, min: usize, max: usize) -> Result<Option<usize>, Transp
     }
 }
 
+/// When a network transport connects to its peers (`FMX_CONNECT`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ConnectMode {
+    /// At the first message between two ranks (either way): queue pairs,
+    /// connections and credits grow with the peers a process talks to.
+    #[default]
+    Lazy,
+    /// To every peer during init.
+    Eager,
+}
+
+impl ConnectMode {
+    /// `FMX_CONNECT`; `None` when unset (each transport has its default).
+    pub fn from_env() -> Result<Option<Self>, TransportError> {
+        match var("FMX_CONNECT").as_deref().map(str::trim) {
+            None => Ok(None),
+            Some("lazy") => Ok(Some(Self::Lazy)),
+            Some("eager") => Ok(Some(Self::Eager)),
+            Some(other) => Err(invalid("FMX_CONNECT", other, "is not a connection mode: use lazy or eager")),
+        }
+    }
+
+    /// How `FMX_CONNECT` spells it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Lazy => "lazy",
+            Self::Eager => "eager",
+        }
+    }
+}
+
 /// The eager and credit settings every transport reads, with their ranges.
 pub mod limits {
     /// `FMX_POOL_SLOTS` (and `FMX_SHM_POOL_SLOTS`): eager slots per process.
