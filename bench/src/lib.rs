@@ -23,4 +23,5 @@ pub mod progress;
 pub mod redistribute;
 pub mod report;
 pub mod scale_model;
+pub mod set_up;
 pub mod stats;

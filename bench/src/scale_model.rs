@@ -248,16 +248,22 @@ pub fn main(a: &Args) -> Result<(), String> {
 }
 
 /// Every rank compares its receive memory and its connections with the
-/// model's (all-to-all: today's fmx connects every peer); rank 0 prints the
-/// comparison. Fails when a rank differs, naming it.
+/// model's for the job's connection mode, and times its init; rank 0 prints
+/// one row. Eagerly every rank is connected to every other after init;
+/// lazily (`FMX_CONNECT=lazy`), to none. Eager memory is compared with the
+/// eager model in both modes: the pool is still sized at init (memory per
+/// connection is not built yet). Fails when a rank differs, naming it.
 fn measure() -> Result<(), String> {
+    let t0 = std::time::Instant::now();
     let fmx = fmx::init().map_err(|e| e.to_string())?;
+    let init_us = t0.elapsed().as_micros() as u64;
     let w = fmx.world();
     let transport = w.transport_name();
     if !(transport.starts_with("verbs") || transport.starts_with("ofi")) {
         return Err(format!("the scale model is of the RDMA transports; this job runs over {transport} (set FMX_TRANSPORT=verbs or ofi)"));
     }
     let n = u64::from(w.size());
+    let lazy = (0..w.size()).any(|r| w.connects_on_demand(r).unwrap_or(false));
     let m = fmx.receive_memory();
     let number = |var: &str, default: u64| std::env::var(var).ok().and_then(|v| v.parse().ok()).unwrap_or(default);
     let costs = Costs {
@@ -265,49 +271,52 @@ fn measure() -> Result<(), String> {
         pool_slots: number("FMX_POOL_SLOTS", Costs::FMX.pool_slots),
         ..Costs::FMX
     };
-    let model = per_process(Job { ranks: n, per_node: 1, degree: n - 1 }, Mode::Eager, &costs);
-    // Each rank's eager receive memory and its connections (Fmx::connections:
-    // queue pairs on verbs, libfabric connections on ofi), and when its last
-    // connection was ready, in microseconds after init began.
+    let (mode, degree) = if lazy { (Mode::Lazy, 0) } else { (Mode::Eager, n - 1) };
+    let model = per_process(Job { ranks: n, per_node: 1, degree }, mode, &costs);
+    let memory = per_process(Job { ranks: n, per_node: 1, degree: n - 1 }, Mode::Eager, &costs).eager_bytes;
+    // Each rank's eager receive memory, its connections (Fmx::connections:
+    // queue pairs on verbs, libfabric connections on ofi), when its last
+    // connection was ready and how long its init took, in microseconds.
     let conns = fmx.connections();
     let last_us = conns.iter().map(|c| c.made_after.as_micros() as u64).max().unwrap_or(0);
-    let mine = [(m.eager_pool + m.control) as u64, conns.len() as u64, last_us];
-    let mut all = vec![0u64; 3 * n as usize];
+    let mine = [(m.eager_pool + m.control) as u64, conns.len() as u64, last_us, init_us];
+    let mut all = vec![0u64; 4 * n as usize];
     w.allgather(&mine, &mut all).map_err(|e| e.to_string())?;
-    let ranks: Vec<&[u64]> = all.chunks(3).collect();
+    let ranks: Vec<&[u64]> = all.chunks(4).collect();
     let differ = |i: usize, want: u64, unit: &str| -> Vec<String> {
         ranks.iter().enumerate().filter(|(_, v)| v[i] != want).map(|(r, v)| format!("rank {r}: {}{unit}", v[i])).collect()
     };
-    let (wrong_mem, wrong_qps) = (differ(0, model.eager_bytes, " B"), differ(1, model.queue_pairs, " connections"));
+    let (wrong_mem, wrong_qps) = (differ(0, memory, " B"), differ(1, model.queue_pairs, " connections"));
     let shown = |wrong: &[String], want: String| if wrong.is_empty() { want } else { wrong.join(", ") };
     if w.rank() == 0 {
-        let slowest = ranks.iter().map(|v| v[2]).max().unwrap_or(0);
+        let slowest = |i: usize| ranks.iter().map(|v| v[i]).max().unwrap_or(0) as f64 / 1000.0;
         println!("# scale model against this job ({transport}): per process");
         println!(
-            "| N | eager memory: model | measured (every rank) | connections: model | measured (every rank) | last connection ready |"
+            "| N | mode | eager memory: model | measured (every rank) | connections after init: model | measured (every rank) | init took (slowest rank) | last connection ready |"
         );
-        println!("|---:|---:|---:|---:|---:|---:|");
+        println!("|---:|---|---:|---:|---:|---:|---:|---:|");
         println!(
-            "| {n} | {} B | {} | {} | {} | {:.1} ms into init |",
-            model.eager_bytes,
-            shown(&wrong_mem, format!("{} B", model.eager_bytes)),
+            "| {n} | {} | {memory} B | {} | {} | {} | {:.1} ms | {} |",
+            mode.name(),
+            shown(&wrong_mem, format!("{memory} B")),
             model.queue_pairs,
             shown(&wrong_qps, model.queue_pairs.to_string()),
-            slowest as f64 / 1000.0
+            slowest(3),
+            if conns.is_empty() && model.queue_pairs == 0 { "none yet".to_owned() } else { format!("{:.1} ms into init", slowest(2)) }
         );
     }
     fmx.finalize().map_err(|e| e.to_string())?;
     let mut wrong = Vec::new();
     if !wrong_mem.is_empty() {
-        wrong.push(format!("{} B of eager receive memory per process, but {}", model.eager_bytes, wrong_mem.join(", ")));
+        wrong.push(format!("{memory} B of eager receive memory per process, but {}", wrong_mem.join(", ")));
     }
     if !wrong_qps.is_empty() {
-        wrong.push(format!("{} connections per process, but {}", model.queue_pairs, wrong_qps.join(", ")));
+        wrong.push(format!("{} connections per process after init, but {}", model.queue_pairs, wrong_qps.join(", ")));
     }
     if wrong.is_empty() {
         Ok(())
     } else {
-        Err(format!("for N={n} the model says {}", wrong.join("; and ")))
+        Err(format!("for N={n} ({}) the model says {}", mode.name(), wrong.join("; and ")))
     }
 }
 

@@ -130,12 +130,14 @@ impl Comm {
         let mine = [u8::from(self.sh.check_colls)];
         let mut all = vec![0u8; self.size() as usize];
         let was = self.sh.in_coll.replace(true);
-        // With connections made on demand, a ring (allgatherv's algorithm):
-        // start-up then connects each rank to its two ring neighbours only,
-        // where recursive doubling would connect log2(N).
+        // With connections made on demand, through the launcher's bootstrap:
+        // init then opens no connection at all (any collective would).
         let r = if (0..self.size()).any(|p| crate::join::on_demand(self, p)) {
-            let (counts, displs): (Vec<usize>, Vec<usize>) = (0..all.len()).map(|i| (1, i)).unzip();
-            self.allgatherv(&mine, &mut all, &counts, &displs)
+            self.sh.boot.borrow_mut().allgather(&mine).map(|blobs| {
+                for (a, b) in all.iter_mut().zip(&blobs) {
+                    *a = b.first().copied().unwrap_or(u8::MAX);
+                }
+            })
         } else {
             self.allgather(&mine, &mut all)
         };

@@ -59,8 +59,8 @@ fn routes(fmx: &fmx::Fmx, w: &Comm) -> R {
     // Fmx::connections: shared memory keeps none per peer; a network
     // transport (alone, or a mixed one's network half) connects to every
     // other rank during init, once each (FMX_CONNECT=eager), or lazily only
-    // to those a message went between: after init, the two ring neighbours
-    // of its one collective; after an alltoall, every rank.
+    // to those a message went between: after init none; after an alltoall,
+    // every rank.
     let net = match name.split_once('+') {
         Some((_, net)) => Some(net),
         None if name == "shm" => None,
@@ -69,8 +69,7 @@ fn routes(fmx: &fmx::Fmx, w: &Comm) -> R {
     let n = w.size();
     let all: Vec<(u32, &str)> = (0..n).filter(|&r| r != me).filter_map(|r| Some((r, net?))).filter(|&(r, t)| w.transport_of(r).is_ok_and(|x| x == t)).collect();
     let lazy = (0..n).any(|r| w.connects_on_demand(r).unwrap_or(false));
-    let ring = [(me + 1) % n, (me + n - 1) % n];
-    let after_init: Vec<(u32, &str)> = all.iter().copied().filter(|(r, _)| !lazy || ring.contains(r)).collect();
+    let after_init: Vec<(u32, &str)> = if lazy { Vec::new() } else { all.clone() };
     let connections = |want: &[(u32, &str)], when: &str| -> R {
         let conns = fmx.connections();
         let got: Vec<(u32, &str)> = conns.iter().map(|c| (c.rank, c.transport)).collect();
