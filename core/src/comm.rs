@@ -184,7 +184,11 @@ impl Comm {
     /// between us (`FMX_CONNECT=lazy`) rather than during init.
     pub fn connects_on_demand(&self, r: u32) -> Result<bool> {
         use fmx_transport::Endpoint;
-        let w = self.world_rank_of(r).ok_or_else(|| Error::InvalidRank { what: "connects_on_demand", rank: i64::from(r), size: self.size() })?;
+        let w = self.world_rank_of(r).ok_or_else(|| Error::InvalidRank {
+            what: "connects_on_demand",
+            rank: i64::from(r),
+            size: self.size(),
+        })?;
         Ok(self.sh.engine.borrow().tp.connects_on_demand(w))
     }
 

@@ -21,19 +21,25 @@ macro_rules! check {
     };
 }
 
-/// The peers a network transport holds connections to (shared memory holds
-/// none), and whether they are made on demand.
+/// The peers a network transport holds connections to once every pair has
+/// spoken, and whether they are made on demand. Shared memory holds none;
+/// eagerly, a mixed transport's network half spans the world (same-node
+/// ranks too); lazily, it connects only the ranks it carries messages to.
 fn network_peers(w: &Comm) -> Result<(Vec<u32>, bool), String> {
     let me = w.rank();
-    let mut peers = Vec::new();
+    let others = (0..w.size()).filter(|&r| r != me);
+    let mut routed = Vec::new();
     let mut lazy = false;
-    for r in (0..w.size()).filter(|&r| r != me) {
+    for r in others.clone() {
         if w.transport_of(r).map_err(e2s)? != "shm" {
-            peers.push(r);
+            routed.push(r);
             lazy |= w.connects_on_demand(r).map_err(e2s)?;
         }
     }
-    Ok((peers, lazy))
+    if lazy || routed.is_empty() {
+        return Ok((routed, lazy));
+    }
+    Ok((others.collect(), false))
 }
 
 /// The ranks `fmx.connections()` lists, after printing them with `when`.

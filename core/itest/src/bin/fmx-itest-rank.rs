@@ -67,8 +67,14 @@ fn routes(fmx: &fmx::Fmx, w: &Comm) -> R {
         None => Some(name),
     };
     let n = w.size();
-    let all: Vec<(u32, &str)> = (0..n).filter(|&r| r != me).filter_map(|r| Some((r, net?))).filter(|&(r, t)| w.transport_of(r).is_ok_and(|x| x == t)).collect();
+    // Eagerly a mixed transport's network half spans the world (same-node
+    // ranks too); lazily it connects only the ranks it carries messages to.
     let lazy = (0..n).any(|r| w.connects_on_demand(r).unwrap_or(false));
+    let all: Vec<(u32, &str)> = (0..n)
+        .filter(|&r| r != me)
+        .filter_map(|r| Some((r, net?)))
+        .filter(|&(r, t)| !lazy || w.transport_of(r).is_ok_and(|x| x == t))
+        .collect();
     let after_init: Vec<(u32, &str)> = if lazy { Vec::new() } else { all.clone() };
     let connections = |want: &[(u32, &str)], when: &str| -> R {
         let conns = fmx.connections();

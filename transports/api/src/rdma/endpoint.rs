@@ -9,7 +9,8 @@ use super::sealed::Core;
 use super::{Admit, Posted, RdmaDevice};
 use crate::own::OWN_SLOT;
 use crate::{
-    Arrival, Endpoint, MsgHeader, MsgKind, OpStatus, PeerId, PeerState, ReceiveMemory, RegistrationStats, RemoteKey, SendOutcome, TransportError,
+    Arrival, Endpoint, MsgHeader, MsgKind, OpStatus, PeerId, PeerState, ReceiveMemory, RegistrationStats, RemoteKey, SendOutcome,
+    TransportError,
 };
 
 /// The token the core passes to the device.
@@ -81,9 +82,8 @@ fn shared_accept_connections<D: RdmaDevice + Send>(d: &mut D) -> Result<(), Tran
     let accept = MsgHeader::control(MsgKind::Internal, CONNECT_ACCEPT, 0, 0, 0);
     for peer in due {
         match d.try_send(peer, &accept, &[]) {
-            Ok(SendOutcome::Sent) => {}
-            // A peer gone since its request: whatever waits on it is told by its liveness.
-            Err(TransportError::PeerGone { .. }) => {}
+            // Gone since its request: whatever waits on it is told by its liveness.
+            Ok(SendOutcome::Sent) | Err(TransportError::PeerGone { .. }) => {}
             Ok(_) => d.state_mut(CORE).conns.accept_later(peer),
             Err(e) => return Err(e),
         }

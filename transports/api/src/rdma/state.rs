@@ -1,8 +1,8 @@
 //! What every RDMA endpoint keeps alike, and the eager pool's settings.
 
+use memmap2::MmapMut;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use memmap2::MmapMut;
 
 use super::connect::{Connections, CONNECT_REQUEST};
 use super::{CTRL_SLOTS, DEFAULT_NEWCOMER_CREDITS, DEFAULT_POOL_SLOTS, DEFAULT_SLOT_BYTES};
