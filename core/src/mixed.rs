@@ -350,6 +350,13 @@ impl<L: Endpoint, N: Endpoint> Endpoint for Mixed<L, N> {
         matches!(self.side(peer), Ok(Side::Net)) && self.net.connects_on_demand(peer)
     }
 
+    fn preconnect(&mut self, peer: PeerId) -> Result<bool, TransportError> {
+        match self.side(peer)? {
+            Side::Local(_) => Ok(true),
+            Side::Net => self.net.preconnect(peer),
+        }
+    }
+
     fn connections(&self) -> Vec<Connection> {
         let [mut local, net] = self.connections_by_half();
         local.extend(net);

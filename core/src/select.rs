@@ -444,6 +444,9 @@ impl Endpoint for Transport {
     fn connects_on_demand(&self, peer: PeerId) -> bool {
         dispatch!(self, ep => ep.connects_on_demand(peer))
     }
+    fn preconnect(&mut self, peer: PeerId) -> Result<bool, TransportError> {
+        dispatch!(self, ep => ep.preconnect(peer))
+    }
     fn publish_receive_shares(&mut self, weights: &[u64]) -> Result<bool, TransportError> {
         dispatch!(self, ep => ep.publish_receive_shares(weights))
     }

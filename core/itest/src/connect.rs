@@ -3,7 +3,7 @@
 //! start toward each other at once (crossing connects) neither deadlock nor
 //! lose a message.
 
-use fmx::{Comm, Error};
+use fmx::{Comm, Error, Info, Reorder, Weights};
 
 use crate::{fill, first_mismatch};
 
@@ -145,5 +145,39 @@ pub fn crossing(w: &Comm) -> R {
         }
     }
     println!("CROSSING rank {me}: {rounds} rounds with {} peers", n - 1);
+    Ok(())
+}
+
+/// A ring graph created with `fmx_preconnect=true`: when it returns, every
+/// rank holds connections to both its neighbours although no message went
+/// between them; a neighbour exchange then runs on them. A bad value of the
+/// key is an error naming it, on every rank.
+pub fn preconnect(fmx: &fmx::Fmx) -> R {
+    let w = fmx.world();
+    let (n, me) = (w.size(), w.rank());
+    let (right, left) = ((me + 1) % n, (me + n - 1) % n);
+    let nbrs = [left, right];
+    let bad = w.dist_graph_create_adjacent(&nbrs, Weights::Unweighted, &nbrs, Weights::Unweighted, &Info::new().set("fmx_preconnect", "yes"), Reorder::No);
+    match bad {
+        Err(e) if e.to_string().contains("fmx_preconnect=\"yes\"") => {}
+        Err(e) => return Err(format!("fmx_preconnect=yes: the error does not name the key: {e}")),
+        Ok(_) => return Err("fmx_preconnect=yes created a graph".into()),
+    }
+    let info = Info::new().set("fmx_preconnect", "true");
+    let g = w.dist_graph_create_adjacent(&nbrs, Weights::Unweighted, &nbrs, Weights::Unweighted, &info, Reorder::No).map_err(e2s)?;
+    let have = connected(fmx, "after creating the graph");
+    let (net, _) = network_peers(w)?;
+    for r in nbrs.iter().filter(|r| net.contains(r)) {
+        check!(have.contains(r), "neighbour {r} is not connected after the graph's creation with fmx_preconnect: {have:?}");
+    }
+    let mut plan = g.neighbor_alltoall_plan::<u64>(4).map_err(e2s)?;
+    for j in 0..2 {
+        plan.send_block_mut(j).map_err(e2s)?.fill(u64::from(me));
+    }
+    plan.run().map_err(e2s)?;
+    for (i, src) in nbrs.iter().enumerate() {
+        let got = plan.recv_block(i).map_err(e2s)?;
+        check!(got.iter().all(|&x| x == u64::from(*src)), "from neighbour {src}: {got:?}");
+    }
     Ok(())
 }

@@ -292,6 +292,15 @@ fn a_sparse_ring_connects_only_its_neighbours_until_an_alltoall() {
     assert!(o.lines.iter().any(|(_, e, l)| *e && l.contains("FMX_CONNECT=\"sometimes\" is not a connection mode")), "{}", dump(&o));
 }
 
+/// A graph created with `fmx_preconnect=true` connects its neighbours
+/// before the first exchange.
+#[test]
+fn a_graph_with_fmx_preconnect_connects_its_neighbours_at_creation() {
+    for np in [3, 8] {
+        run_ok(np, "preconnect");
+    }
+}
+
 /// Every rank sends to every other at once, 100 times, right after init:
 /// lazily, the connections open from both ends at the same instant.
 #[test]

@@ -156,6 +156,9 @@ impl Comm {
         resort: bool,
     ) -> Result<DistGraphComm> {
         self.size_credits(&ins, weighted, info)?;
+        if info.get("fmx_preconnect") == Some("true") {
+            self.preconnect(op, ins.iter().chain(&outs).map(|e| e.0))?;
+        }
         let Some((perm, cost)) = self.reorder_ranks(op, reorder == Reorder::Allowed, &outs, info)? else {
             return Ok(DistGraphComm::new(self.dup()?, ins, outs, weighted, grouped, None));
         };

@@ -25,6 +25,11 @@ impl Info {
              the pool back to the system",
         ),
         (
+            "fmx_preconnect",
+            "true | false (default): with connections made on demand (FMX_CONNECT=lazy), connect to every declared \
+             neighbour while the graph is created, so the first exchange pays no set-up",
+        ),
+        (
             "fmx_reorder_group",
             "a positive number K: for reordering, ranks 0..K, K..2K, ... are one place each (say, the cores of a socket); \
              default: the hosts the launcher reports",
@@ -53,9 +58,9 @@ impl Info {
     pub(crate) fn check_adjacent(&self, op: &'static str) -> Result<bool> {
         for (k, v) in &self.pairs {
             match k.as_str() {
-                "fmx_check_adjacent" | "fmx_size_credits" if v == "true" || v == "false" => {}
+                "fmx_check_adjacent" | "fmx_size_credits" | "fmx_preconnect" if v == "true" || v == "false" => {}
                 "fmx_reorder_group" if v.parse::<u32>().is_ok_and(|k| k > 0) => {}
-                flag @ ("fmx_check_adjacent" | "fmx_size_credits") => {
+                flag @ ("fmx_check_adjacent" | "fmx_size_credits" | "fmx_preconnect") => {
                     return Err(Error::InvalidGraph { op, detail: format!("info {flag}={v:?}: expected true or false") })
                 }
                 "fmx_reorder_group" => {

@@ -17,6 +17,7 @@ mod create;
 mod info;
 mod neighbor;
 mod plan;
+mod preconnect;
 mod reorder;
 
 pub use info::Info;

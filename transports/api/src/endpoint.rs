@@ -319,6 +319,14 @@ pub trait Endpoint: Send {
         false
     }
 
+    /// Starts connecting to `peer` ahead of its first message (a graph's
+    /// declared neighbours); `true` once the connection exists (or none is
+    /// needed: the default).
+    fn preconnect(&mut self, peer: PeerId) -> Result<bool, TransportError> {
+        let _ = peer;
+        Ok(true)
+    }
+
     /// The connections this endpoint holds, by peer. None by default: shared
     /// memory maps one segment for the node and keeps nothing per peer.
     fn connections(&self) -> Vec<Connection> {

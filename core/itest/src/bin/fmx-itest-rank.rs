@@ -241,6 +241,7 @@ fn main() {
         "routes" => routes(&fmx, w),
         "sparse" => fmx_itest::connect::sparse(&fmx),
         "crossing" => fmx_itest::connect::crossing(w),
+        "preconnect" => fmx_itest::connect::preconnect(&fmx),
         // The last rank finishes 3 s after the others (more than FMX_PMI_TIMEOUT in the test).
         "late-finalize" => {
             if w.rank() + 1 == w.size() {

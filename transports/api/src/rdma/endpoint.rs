@@ -63,7 +63,8 @@ fn shared_reallocate_credits<D: RdmaDevice>(d: &mut D) -> Result<(), TransportEr
 /// Lazily, the data message toward a larger ID that has not spoken to us is
 /// refused by FM's rule: that is "connecting". The first such refusal sends
 /// the connect request (in the control reserve, which the rule does not
-/// close); the peer's answer opens the way.
+/// close); the peer's answer opens the way. `Endpoint::preconnect` sends one
+/// toward any ID (a smaller one answers it alike).
 fn shared_request_connection<D: RdmaDevice + Send>(d: &mut D, peer: PeerId) -> Result<(), TransportError> {
     if !d.state().conns.wants_request(peer) {
         return Ok(());
@@ -358,6 +359,14 @@ impl<D: RdmaDevice + Send> Endpoint for D {
 
     fn connects_on_demand(&self, peer: PeerId) -> bool {
         self.state().conns.lazy() && peer != self.state().rank
+    }
+
+    fn preconnect(&mut self, peer: PeerId) -> Result<bool, TransportError> {
+        if !self.connects_on_demand(peer) || self.state().conns.is_made(peer) {
+            return Ok(true);
+        }
+        shared_request_connection(self, peer)?;
+        Ok(false)
     }
 
     fn split_rendezvous(&self) -> bool {
