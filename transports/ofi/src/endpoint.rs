@@ -81,7 +81,7 @@ impl OfiConfig {
     /// `FMX_OFI_CTRL_SLOTS`, and the eager pool's variables ([`EagerConfig::from_env`]).
     pub fn from_env(rank: u32, size: u32) -> Result<Self, TransportError> {
         let mut eager = EagerConfig::from_env(rank, size)?;
-        eager.connect.get_or_insert(ConnectMode::Lazy);
+        eager.connect.get_or_insert(ConnectMode::Eager);
         Ok(Self {
             eager,
             provider: fmx_transport::settings::var("FMX_OFI_PROVIDER"),

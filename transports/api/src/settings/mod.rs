@@ -86,9 +86,9 @@ pub fn env_in(var: &str, min: usize, max: usize) -> Result<Option<usize>, Transp
 pub enum ConnectMode {
     /// At the first message between two ranks (either way): queue pairs,
     /// connections and credits grow with the peers a process talks to.
-    #[default]
     Lazy,
-    /// To every peer during init.
+    /// To every peer during init (the default).
+    #[default]
     Eager,
 }
 

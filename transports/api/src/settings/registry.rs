@@ -107,7 +107,7 @@ const fn renamed(
 pub const SETTINGS: &[Setting] = &[
     s("FMX_TRANSPORT", Kind::Choice(&["auto", "shm", "verbs", "ofi", "shm+verbs", "shm+ofi"]), "auto", Scope::Job,
       "Transport of the job: auto picks shm on one node and shm+verbs (else shm+ofi) across nodes"),
-    s("FMX_CONNECT", Kind::Choice(&["lazy", "eager"]), "lazy (ofi), eager (verbs)", Scope::Job,
+    s("FMX_CONNECT", Kind::Choice(&["lazy", "eager"]), "eager (lazy is built for ofi)", Scope::Job,
       "When network connections are made: lazy at the first message between two ranks, eager to every peer at init"),
     s("FMX_POOL_SLOTS", Kind::Count, "64", Scope::Job, "Eager receive slots per process, shared among its peers by FM's credits"),
     s("FMX_SLOT_BYTES", Kind::Bytes, "8192 (verbs, ofi)", Scope::Job, "Bytes per eager slot, header included: messages up to this size go eagerly"),
