@@ -54,6 +54,12 @@ impl Connections {
         self.made.get(peer as usize).is_some_and(Option::is_some)
     }
 
+    /// Whether `peer` may be sent something outside a message (a credit
+    /// word, a probe, a slice): always eagerly; lazily, once connected.
+    pub fn reachable(&self, peer: PeerId) -> bool {
+        !self.lazy || self.is_made(peer)
+    }
+
     /// Eager mode: every listed peer is connected now.
     pub fn all_made_now(&mut self, peers: impl Iterator<Item = bool>) {
         let now = Instant::now();

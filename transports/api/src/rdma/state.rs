@@ -244,10 +244,9 @@ impl<L> RdmaState<L> {
     pub fn reallocate(&mut self) {
         self.reallocated = true;
         let credit = self.credit;
-        let lazy = self.conns.lazy();
         for (r, p) in self.peers.iter_mut().enumerate() {
             if let Some(p) = p {
-                if !lazy || self.conns.is_made(r as PeerId) {
+                if self.conns.reachable(r as PeerId) {
                     p.credits().reallocate(&credit);
                 }
             }
@@ -258,7 +257,7 @@ impl<L> RdmaState<L> {
     /// word, a probe): always eagerly; lazily, once it is connected, so that
     /// no such word opens a connection nobody asked for.
     pub fn reachable(&self, peer: PeerId) -> bool {
-        !self.conns.lazy() || self.conns.is_made(peer)
+        self.conns.reachable(peer)
     }
 
     /// `Endpoint::connections`: every connected peer, in rank order.
@@ -321,9 +320,7 @@ impl<L> RdmaState<L> {
         let conns = &self.conns;
         (0..self.size)
             .filter(|&r| match self.peers.get_mut(r as usize) {
-                Some(Some(p)) => {
-                    p.life().failure().is_none() && (all || p.credits().wants_explicit(credit)) && (!conns.lazy() || conns.is_made(r))
-                }
+                Some(Some(p)) => p.life().failure().is_none() && (all || p.credits().wants_explicit(credit)) && conns.reachable(r),
                 _ => false,
             })
             .collect()
