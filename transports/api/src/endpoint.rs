@@ -29,6 +29,9 @@ pub struct ReceiveMemory {
     pub per_peer: usize,
     /// The control reserve (a few small slots per peer).
     pub control: usize,
+    /// Slots posted for no peer in particular, where a device's first
+    /// messages from peers not yet connected land (connections on demand).
+    pub first_contact: usize,
     /// Slots for messages to ourselves.
     pub own: usize,
     /// Eager slot bytes that senders may fill now: the pool, or after
@@ -47,6 +50,7 @@ impl ReceiveMemory {
             eager_pool: slice * peers * slot_bytes,
             per_peer: slice * slot_bytes,
             control: credit.ctrl as usize * peers * slot_bytes,
+            first_contact: 0,
             own: own * slot_bytes,
             eager_resident: slice * peers * slot_bytes,
         }

@@ -17,6 +17,7 @@ use fmx_transport::peers::Peer;
 use fmx_transport::pool::{HugePages, Lease, Pool, PoolConfig, RegistrationHook};
 use fmx_transport::rdma::{
     anonymous,
+    connect::mode_mismatch,
     sealed::{Core, Sealed},
     Access, EagerConfig, Local, Memory, Posted, RdmaDevice, RdmaState, DEFAULT_BOUNCE_BYTES,
 };
@@ -46,6 +47,10 @@ pub const DEFAULT_PEER_TIMEOUT_SECS: u64 = 5;
 const STREAM_PROVIDERS: &[&str] = &["tcp", "sockets", "net", "udp"];
 /// How long connecting to every peer may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(60);
+/// Lazily: receive slots posted at init for first messages from ranks not
+/// yet connected (each connection's own slots are posted at first contact;
+/// what finds no posted slot waits in the provider's unexpected queue).
+const FIRST_CONTACT_SLOTS: usize = 8;
 /// Tags: the low 32 bits carry the sender's rank.
 const RANK_BITS: u64 = 0xffff_ffff;
 
@@ -81,7 +86,7 @@ impl OfiConfig {
     /// `FMX_OFI_CTRL_SLOTS`, and the eager pool's variables ([`EagerConfig::from_env`]).
     pub fn from_env(rank: u32, size: u32) -> Result<Self, TransportError> {
         let mut eager = EagerConfig::from_env(rank, size)?;
-        eager.connect.get_or_insert(ConnectMode::Eager);
+        eager.connect.get_or_insert(ConnectMode::Lazy);
         Ok(Self {
             eager,
             provider: fmx_transport::settings::var("FMX_OFI_PROVIDER"),
@@ -224,7 +229,11 @@ impl OfiSetup {
         };
         let provider = info.provider();
         let peers = cfg.eager.size.saturating_sub(1);
-        let recv_slots = cfg.eager.receive_slots();
+        // Lazily a first message from a rank not yet connected lands in any
+        // posted slot: a few are set apart for those (the grants of the
+        // connections follow at first contact).
+        let first_contacts = if cfg.eager.lazy() { FIRST_CONTACT_SLOTS } else { 0 };
+        let recv_slots = cfg.eager.receive_slots() + first_contacts;
         let (rx_size, _) = info.queue_sizes();
         if recv_slots > rx_size {
             return Err(TransportError::Setup {
@@ -336,9 +345,9 @@ impl OfiSetup {
             fabric,
             st: RdmaState::new(&cfg.eager, credit, registrations, mailbox, recv),
         };
-        for slot in 0..recv_slots {
-            ep.post_recv(slot).map_err(|rc| crate::fabric::fail("post a receive slot (fi_trecv)", &ep.provider, rc))?;
-        }
+        let mut ep = ep;
+        let reserve = ep.st.grants.reserve(first_contacts);
+        ep.post_fresh(u32::MAX, reserve)?;
         for i in 0..ctrl_slots {
             ep.post_ctrl_recv(i).map_err(|rc| crate::fabric::fail("post a control receive (fi_trecv)", &ep.provider, rc))?;
         }
@@ -387,16 +396,7 @@ impl OfiSetup {
         }
         let lazy = ep.st.conns.lazy();
         if let Some((r, _)) = decoded.iter().enumerate().find(|(_, a)| a.lazy != lazy) {
-            let mode = |l: bool| if l { ConnectMode::Lazy.name() } else { ConnectMode::Eager.name() };
-            return Err(TransportError::Setup {
-                what: format!(
-                    "rank {r} connects {} but rank {} connects {}: set FMX_CONNECT alike for the whole job",
-                    mode(!lazy),
-                    cfg.eager.rank,
-                    mode(lazy)
-                ),
-                source: std::io::Error::from(std::io::ErrorKind::InvalidInput),
-            });
+            return Err(mode_mismatch(r as PeerId, cfg.eager.rank, lazy));
         }
         let names: Vec<&[u8]> = decoded.iter().map(|a| a.name.as_slice()).collect();
         let fi_addrs = ep.fabric.insert(&names)?;
@@ -418,6 +418,9 @@ impl OfiSetup {
                 })
                 .collect(),
         );
+        for (peer, slots) in ep.st.take_posts() {
+            ep.post_fresh(peer, slots)?;
+        }
         if !ep.st.conns.lazy() {
             ep.connect_all(CONNECT_TIMEOUT)?;
             // Usable only now: every peer has answered.
@@ -537,6 +540,26 @@ impl OfiEndpoint {
             )
         };
         posted(rc)
+    }
+
+    /// Posts receive slots for the first time (granted to `peer`).
+    fn post_fresh(&self, peer: PeerId, slots: std::ops::Range<usize>) -> Result<(), TransportError> {
+        for slot in slots {
+            match self.post_recv(slot) {
+                Ok(Posted::Yes) => {}
+                Ok(Posted::Again) => {
+                    return Err(TransportError::Setup {
+                        what: format!(
+                            "provider {} refused receive slot {slot} (for rank {peer}): its receive queue is full (lower FMX_POOL_SLOTS)",
+                            self.provider
+                        ),
+                        source: std::io::Error::from(std::io::ErrorKind::WouldBlock),
+                    })
+                }
+                Err(rc) => return Err(crate::fabric::fail("post a receive slot (fi_trecv)", &self.provider, rc)),
+            }
+        }
+        Ok(())
     }
 
     fn mailbox_word(&self, peer: PeerId) -> u64 {
@@ -957,6 +980,10 @@ impl RdmaDevice for OfiEndpoint {
         }
         self.repost_unposted()?;
         Ok(n)
+    }
+
+    fn post_slots(&mut self, _: Core, peer: PeerId, slots: std::ops::Range<usize>) -> Result<(), TransportError> {
+        self.post_fresh(peer, slots)
     }
 
     /// The slot is free again only once reposted: its credit goes back after that.

@@ -712,6 +712,7 @@ impl Endpoint for ShmEndpoint {
             eager_pool: l.pool_bytes(),
             per_peer: l.slice() as usize * l.slot_bytes,
             control: l.ctrl_bytes(),
+            first_contact: 0,
             own: OWN_SLOTS as usize * l.slot_bytes,
             eager_resident: (0..self.size).filter(|&s| s != self.rank).map(|s| self.window_in[s as usize] as usize * l.slot_bytes).sum(),
         }

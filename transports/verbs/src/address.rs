@@ -15,11 +15,18 @@ pub(crate) struct Address {
     pub(crate) gid: [u8; 16],
     pub(crate) mailbox_addr: u64,
     pub(crate) mailbox_rkey: u32,
-    /// `qp[r]`: the QP number and initial PSN this rank uses toward rank r.
+    /// Connections made on demand: the rank's UD queue pair, which takes the handshakes.
+    pub(crate) ud_qpn: u32,
+    /// Whether the rank connects on demand (`FMX_CONNECT`, alike in the whole job).
+    pub(crate) lazy: bool,
+    /// Eagerly, `qp[r]`: the QP number and initial PSN this rank uses toward
+    /// rank r. Lazily empty: the address has a fixed size whatever the job's.
     pub(crate) qp: Vec<(u32, u32)>,
 }
 
-const FIXED: usize = 4 + 24 + 2 + 1 + 1 + 16 + 8 + 4;
+const FIXED: usize = 4 + 24 + 2 + 1 + 1 + 16 + 8 + 4 + 4 + 1;
+/// Where the mode byte is: read before the length, whose check depends on it.
+const LAZY_AT: usize = FIXED - 1;
 
 impl Address {
     pub(crate) fn encode(&self) -> Vec<u8> {
@@ -32,6 +39,8 @@ impl Address {
         b.extend_from_slice(&self.gid);
         b.extend_from_slice(&self.mailbox_addr.to_le_bytes());
         b.extend_from_slice(&self.mailbox_rkey.to_le_bytes());
+        b.extend_from_slice(&self.ud_qpn.to_le_bytes());
+        b.push(u8::from(self.lazy));
         for (qpn, psn) in &self.qp {
             b.extend_from_slice(&qpn.to_le_bytes());
             b.extend_from_slice(&psn.to_le_bytes());
@@ -39,8 +48,16 @@ impl Address {
         b
     }
 
-    pub(crate) fn decode(peer: PeerId, size: u32, b: &[u8]) -> Result<Self, TransportError> {
-        if b.len() != FIXED + 8 * size as usize {
+    /// Rank `peer`'s address in a job of `size`, where we connect `lazy`ly or not.
+    pub(crate) fn decode(peer: PeerId, me: PeerId, size: u32, lazy: bool, b: &[u8]) -> Result<Self, TransportError> {
+        match b.get(LAZY_AT) {
+            Some(&mode) if b.len() >= FIXED && (mode != 0) != lazy => {
+                return Err(fmx_transport::rdma::connect::mode_mismatch(peer, me, lazy))
+            }
+            _ => {}
+        }
+        let qps = if lazy { 0 } else { size as usize };
+        if b.len() != FIXED + 8 * qps {
             return Err(TransportError::Malformed {
                 peer,
                 what: "verbs address of the wrong length (different fmx versions or job sizes?)",
@@ -51,7 +68,7 @@ impl Address {
         host.copy_from_slice(&b[4..28]);
         let mut gid = [0u8; 16];
         gid.copy_from_slice(&b[32..48]);
-        let qp = (0..size as usize).map(|r| (u32_at(FIXED + 8 * r), u32_at(FIXED + 8 * r + 4))).collect();
+        let qp = (0..qps).map(|r| (u32_at(FIXED + 8 * r), u32_at(FIXED + 8 * r + 4))).collect();
         Ok(Self {
             pid: u32_at(0),
             host,
@@ -61,6 +78,8 @@ impl Address {
             gid,
             mailbox_addr: u64::from_le_bytes(b[48..56].try_into().expect("8 bytes")),
             mailbox_rkey: u32_at(56),
+            ud_qpn: u32_at(60),
+            lazy,
             qp,
         })
     }
@@ -82,10 +101,20 @@ mod tests {
             gid: [9; 16],
             mailbox_addr: 0xdead_beef_0000,
             mailbox_rkey: 0x1234,
+            ud_qpn: 0x55,
+            lazy: false,
             qp: vec![(0, 0), (17, 99), (18, 100)],
         };
         let b = a.encode();
-        assert_eq!(Address::decode(1, 3, &b).unwrap(), a);
-        assert!(matches!(Address::decode(1, 4, &b), Err(TransportError::Malformed { peer: 1, .. })));
+        assert_eq!(Address::decode(1, 0, 3, false, &b).unwrap(), a);
+        assert!(matches!(Address::decode(1, 0, 4, false, &b), Err(TransportError::Malformed { peer: 1, .. })));
+        // Lazily the address has a fixed size whatever the job's.
+        let lazy = Address { lazy: true, qp: Vec::new(), ..a };
+        let b = lazy.encode();
+        assert_eq!(b.len(), FIXED);
+        assert_eq!(Address::decode(1, 0, 100_000, true, &b).unwrap(), lazy);
+        // A rank in the other mode is named.
+        let e = Address::decode(1, 0, 3, false, &b).unwrap_err().to_string();
+        assert!(e.contains("rank 1 connects lazy but rank 0 connects eager"), "{e}");
     }
 }

@@ -23,8 +23,14 @@ use fmx_transport::{Arrival, PeerId, SendOutcome, TransportError, HEADER_BYTES};
 use memmap2::MmapMut;
 
 use crate::address::Address;
+use crate::channel::{self, Channel, UdPeer};
 use crate::device::{choose, Chosen};
+use crate::slots::RecvRegions;
 use crate::sys::{ffi, Access, Cq, Mr, Pd, PeerPath, Qp, QpTiming, SendOp, SendWr, Srq};
+use crate::wireup::Wireup;
+use on_demand::OnDemand;
+
+mod on_demand;
 use fmx_transport::liveness::host_identity;
 
 pub use fmx_transport::rdma::{CTRL_SLOTS, DEFAULT_NEWCOMER_CREDITS, DEFAULT_POOL_SLOTS, DEFAULT_SLOT_BYTES};
@@ -71,15 +77,7 @@ impl VerbsConfig {
     /// `FMX_VERBS_ACK_TIMEOUT_EXP` and `FMX_VERBS_RETRY_COUNT`.
     pub fn from_env(rank: u32, size: u32) -> Result<Self, TransportError> {
         let mut eager = EagerConfig::from_env(rank, size)?;
-        if eager.connect == Some(ConnectMode::Lazy) {
-            return Err(TransportError::Setup {
-                what: "FMX_CONNECT=lazy: the verbs transport still connects every peer at init (lazy connections are built \
-                       for ofi so far); set FMX_CONNECT=eager, or FMX_TRANSPORT=ofi or shm+ofi"
-                    .into(),
-                source: std::io::Error::from(std::io::ErrorKind::Unsupported),
-            });
-        }
-        eager.connect = Some(ConnectMode::Eager);
+        eager.connect.get_or_insert(ConnectMode::Lazy);
         Ok(Self {
             eager,
             srq: env_num("FMX_VERBS_SRQ")?.is_none_or(|n| n != 0),
@@ -126,7 +124,10 @@ type Piece<D> = fmx_transport::ops::Piece<D>;
 
 /// How the verbs endpoint reaches a peer: its queue pair and the work requests in flight on it.
 pub struct Link {
-    qp: Qp,
+    /// Lazily `None` until the first operation toward the peer (or its request) makes it.
+    qp: Option<Qp>,
+    /// The first PSN of our queue pair toward the peer.
+    psn: u32,
     /// Next work-request sequence number; unsignaled requests complete with the next signaled one.
     seq: u64,
     inflight: VecDeque<(u64, Inflight)>,
@@ -143,10 +144,16 @@ pub struct VerbsSetup {
     send_cq: Arc<Cq>,
     recv_cq: Arc<Cq>,
     srq: Option<Arc<Srq>>,
+    /// Eagerly our queue pair toward every peer; lazily empty.
     qps: Vec<Option<Qp>>,
     psns: Vec<u32>,
     recv: MmapMut,
-    recv_mr: Mr,
+    regions: RecvRegions,
+    /// Lazily: the UD queue pair that takes connection requests.
+    channel: Option<Channel>,
+    /// The inline data our RC queue pairs take.
+    max_inline: u32,
+    shape: QpShape,
     mailbox: MmapMut,
     mailbox_mr: Mr,
     outbox: MmapMut,
@@ -170,38 +177,49 @@ impl VerbsSetup {
         let use_srq = cfg.srq && chosen.attr.max_srq > 0 && recv_slots as i32 <= chosen.attr.max_srq_wr;
         let srq =
             if use_srq { Some(Srq::create(&pd, recv_slots as u32).map_err(setup_error("create the shared receive queue"))?) } else { None };
-        let cq_entries = (recv_slots as i32 + 64).min(chosen.attr.max_cqe);
+        let wireup_recvs = if cfg.eager.lazy() { channel::RECVS as i32 } else { 0 };
+        let cq_entries = (recv_slots as i32 + 64 + wireup_recvs).min(chosen.attr.max_cqe);
         let recv_cq = Cq::create(&ctx, cq_entries).map_err(setup_error("create the receive completion queue"))?;
         let send_cq = Cq::create(&ctx, ((SQ_DEPTH * peers.max(1)) as i32 + 64).min(chosen.attr.max_cqe))
             .map_err(setup_error("create the send completion queue"))?;
-        let per_qp_recv = (credit.slice + CTRL_SLOTS).max(1);
+        let shape =
+            QpShape { sq: SQ_DEPTH.min(chosen.attr.max_qp_wr as u32), recv: (credit.slice + CTRL_SLOTS).max(1), inline: cfg.inline };
+        let lazy = cfg.eager.lazy();
         let mut qps = Vec::with_capacity(cfg.eager.size as usize);
         let mut psns = Vec::with_capacity(cfg.eager.size as usize);
-        let seed = std::process::id().wrapping_mul(2_654_435_761);
-        for r in 0..cfg.eager.size {
+        for r in (0..cfg.eager.size).filter(|_| !lazy) {
             if r == cfg.eager.rank {
                 qps.push(None);
                 psns.push(0);
                 continue;
             }
-            let sq = SQ_DEPTH.min(chosen.attr.max_qp_wr as u32);
-            let qp = Qp::create_rc(&pd, &send_cq, &recv_cq, srq.as_ref(), sq, per_qp_recv, cfg.inline)
-                // Some devices refuse inline data; fall back to none.
-                .or_else(|_| Qp::create_rc(&pd, &send_cq, &recv_cq, srq.as_ref(), sq, per_qp_recv, 0))
-                .map_err(setup_error("create an RC queue pair"))?;
-            qps.push(Some(qp));
-            psns.push((seed ^ r.wrapping_mul(0x9e37_79b9)) & 0x00ff_ffff);
+            qps.push(Some(shape.create(&pd, &send_cq, &recv_cq, srq.as_ref()).map_err(setup_error("create an RC queue pair"))?));
+            psns.push(first_psn(r));
         }
+        // Lazily no queue pair exists yet: one made and dropped says what inline data they take.
+        let max_inline = match qps.iter().flatten().map(|q| q.max_inline).min() {
+            Some(n) => n,
+            None => shape.create(&pd, &send_cq, &recv_cq, srq.as_ref()).map_err(setup_error("create an RC queue pair"))?.max_inline,
+        };
+        let channel = if lazy {
+            let c = &chosen;
+            Some(Channel::open(&pd, &c.ctx, &recv_cq, c.port, c.gid_index, cfg.eager.size)?)
+        } else {
+            None
+        };
         let registrations = Arc::new(AtomicU64::new(0));
         let recv = anon(recv_slots * cfg.eager.slot_bytes)?;
-        let recv_mr = Mr::register(&pd, recv.as_ptr(), recv.len(), Access::Local).map_err(setup_error("register the receive slots"))?;
+        let mut regions = RecvRegions::new(recv.as_ptr(), cfg.eager.slot_bytes);
+        if !lazy {
+            regions.register(&pd, cfg.eager.rank, 0..recv_slots)?;
+        }
         let mailbox = anon(8 * cfg.eager.size as usize)?;
         let mailbox_mr =
             Mr::register(&pd, mailbox.as_ptr(), mailbox.len(), Access::RemoteWrite).map_err(setup_error("register the credit mailbox"))?;
         let outbox = anon(8 * cfg.eager.size as usize)?;
         let outbox_mr =
             Mr::register(&pd, outbox.as_ptr(), outbox.len(), Access::Local).map_err(setup_error("register the credit outbox"))?;
-        registrations.fetch_add(3, Ordering::Relaxed);
+        registrations.fetch_add(2 + regions.count() as u64, Ordering::Relaxed);
         let me = Self {
             cfg,
             credit,
@@ -213,14 +231,17 @@ impl VerbsSetup {
             qps,
             psns,
             recv,
-            recv_mr,
+            regions,
+            channel,
+            max_inline,
+            shape,
             mailbox,
             mailbox_mr,
             outbox,
             outbox_mr,
             registrations,
         };
-        if me.srq.is_some() {
+        if me.srq.is_some() && !lazy {
             me.post_all_receives(&me.qps)?;
         }
         Ok(me)
@@ -233,20 +254,15 @@ impl VerbsSetup {
         let slots = self.recv.len() / self.cfg.eager.slot_bytes;
         let peers: Vec<usize> = (0..self.cfg.eager.size as usize).filter(|&r| r != self.cfg.eager.rank as usize).collect();
         for i in 0..slots {
-            let addr = self.recv_mr.addr + (i * self.cfg.eager.slot_bytes) as u64;
+            let (addr, lkey) = self.regions.slot(i).expect("eagerly the whole region is registered");
             let res = match &self.srq {
                 // SAFETY: slot i lies in the receive region registered above,
                 // owned by the endpoint until its queues are destroyed.
-                Some(srq) => unsafe { srq.post_recv(i as u64, addr, self.cfg.eager.slot_bytes as u32, self.recv_mr.lkey()) },
+                Some(srq) => unsafe { srq.post_recv(i as u64, addr, self.cfg.eager.slot_bytes as u32, lkey) },
                 None => match peers.get(i / per_peer.max(1)) {
                     // SAFETY: as above, on the owning peer's QP.
                     Some(&r) => unsafe {
-                        qps[r].as_ref().expect("a peer's QP").post_recv(
-                            i as u64,
-                            addr,
-                            self.cfg.eager.slot_bytes as u32,
-                            self.recv_mr.lkey(),
-                        )
+                        qps[r].as_ref().expect("a peer's QP").post_recv(i as u64, addr, self.cfg.eager.slot_bytes as u32, lkey)
                     },
                     None => Ok(()), // more slots than peers × share: spare
                 },
@@ -272,12 +288,15 @@ impl VerbsSetup {
             gid: self.chosen.gid,
             mailbox_addr: self.mailbox_mr.addr,
             mailbox_rkey: self.mailbox_mr.rkey(),
+            ud_qpn: self.channel.as_ref().map_or(0, Channel::qpn),
+            lazy: self.cfg.eager.lazy(),
             qp: self.qps.iter().zip(&self.psns).map(|(q, &psn)| (q.as_ref().map_or(0, Qp::qpn), psn)).collect(),
         }
         .encode()
     }
 
-    /// Connects our queue pair toward every peer. `addresses[r]` is rank r's [`VerbsSetup::address`].
+    /// Connects our queue pair toward every peer (lazily: learns where each
+    /// peer is; queue pairs come on demand). `addresses[r]` is rank r's [`VerbsSetup::address`].
     pub fn connect(self, addresses: &[Vec<u8>]) -> Result<VerbsEndpoint, TransportError> {
         let cfg = &self.cfg;
         if addresses.len() != cfg.eager.size as usize {
@@ -286,7 +305,7 @@ impl VerbsSetup {
                 source: std::io::Error::from(std::io::ErrorKind::InvalidInput),
             });
         }
-        let me = cfg.eager.rank;
+        let (me, lazy) = (cfg.eager.rank, cfg.eager.lazy());
         let mine = host_identity();
         let timing = QpTiming {
             port: self.chosen.port,
@@ -296,61 +315,85 @@ impl VerbsSetup {
             rnr_retry: 6, // credits keep slots posted; an RNR means a bug, reported after retries
             rd_atomic: self.chosen.attr.max_qp_rd_atom.clamp(1, 16) as u8,
         };
-        let mut peers = Vec::with_capacity(cfg.eager.size as usize);
-        let mut qpn_to_peer = Vec::new();
-        let mut decoded = Vec::with_capacity(addresses.len());
-        for (r, bytes) in addresses.iter().enumerate() {
-            let r = r as u32;
-            let a = Address::decode(r, cfg.eager.size, bytes)?;
-            if let Some(qp) = &self.qps[r as usize] {
-                let (qpn, psn) = a.qp[me as usize];
-                let path =
-                    PeerPath { qpn, psn, lid: a.lid, gid: a.gid, global: a.global, mtu: a.mtu.min(self.chosen.port_attr.active_mtu) };
-                connect_with_retry(qp, timing, self.psns[r as usize], &path).map_err(|e| TransportError::Setup {
-                    what: format!("connect the queue pair to rank {r} (device {}, port {})", self.chosen.ctx.name, self.chosen.port),
-                    source: e,
-                })?;
-                tracing::debug!(
-                    rank = me,
-                    "queue pair to rank {r} connected: device {} port {}, remote QPN {qpn:#x}, MTU {}, GID {}",
-                    self.chosen.ctx.name,
-                    self.chosen.port,
-                    128u32 << path.mtu,
-                    std::net::Ipv6Addr::from(path.gid)
-                );
-            }
-            decoded.push(a);
+        let decoded = addresses
+            .iter()
+            .enumerate()
+            .map(|(r, bytes)| Address::decode(r as u32, me, cfg.eager.size, lazy, bytes))
+            .collect::<Result<Vec<_>, _>>()?;
+        let local_mtu = self.chosen.port_attr.active_mtu;
+        let path_to = |a: &Address, (qpn, psn): (u32, u32)| PeerPath {
+            qpn,
+            psn,
+            lid: a.lid,
+            gid: a.gid,
+            global: a.global,
+            mtu: a.mtu.min(local_mtu),
+        };
+        for (r, a) in decoded.iter().enumerate() {
+            let Some(qp) = self.qps.get(r).and_then(Option::as_ref) else { continue };
+            let path = path_to(a, a.qp[me as usize]);
+            connect_with_retry(|| qp.connect(timing, self.psns[r], &path)).map_err(|e| TransportError::Setup {
+                what: format!("connect the queue pair to rank {r} (device {}, port {})", self.chosen.ctx.name, self.chosen.port),
+                source: e,
+            })?;
+            tracing::debug!(
+                rank = me,
+                "queue pair to rank {r} connected: device {} port {}, remote QPN {:#x}, MTU {}, GID {}",
+                self.chosen.ctx.name,
+                self.chosen.port,
+                path.qpn,
+                128u32 << path.mtu,
+                std::net::Ipv6Addr::from(path.gid)
+            );
         }
-        if self.srq.is_none() {
+        if self.srq.is_none() && !lazy {
             self.post_all_receives(&self.qps)?;
         }
         let mut qps = self.qps;
-        for (r, a) in decoded.into_iter().enumerate() {
+        let mut peers = Vec::with_capacity(cfg.eager.size as usize);
+        let mut qpn_to_peer = Vec::new();
+        for (r, a) in decoded.iter().enumerate() {
             let r = r as u32;
-            let Some(qp) = qps[r as usize].take() else {
+            if r == me {
                 peers.push(None);
                 continue;
-            };
-            qpn_to_peer.push((qp.qpn(), r));
+            }
+            let qp = qps.get_mut(r as usize).and_then(Option::take);
+            if let Some(q) = &qp {
+                qpn_to_peer.push((q.qpn(), r));
+            }
             peers.push(Some(Peer {
                 credits: PeerCredits::new(&self.credit, r < me),
                 life: PeerLife::new(a.pid, &a.host, &mine),
                 mailbox_addr: a.mailbox_addr + 8 * u64::from(me),
                 mailbox_key: u64::from(a.mailbox_rkey),
-                link: Link { qp, seq: 0, inflight: VecDeque::new(), unsignaled: 0 },
+                link: Link { qp, psn: first_psn(r), seq: 0, inflight: VecDeque::new(), unsignaled: 0 },
             }));
         }
         qpn_to_peer.sort_unstable();
-        let max_inline = peers.iter().flatten().map(|p| p.link.qp.max_inline).min().unwrap_or(0) as usize;
+        let on_demand = self.channel.map(|channel| {
+            Box::new(OnDemand {
+                wire: Wireup::new(me, cfg.eager.size),
+                channel,
+                ud: decoded.iter().map(|a| UdPeer { qpn: a.ud_qpn, lid: a.lid, gid: a.gid, global: a.global }).collect(),
+                paths: decoded.iter().map(|a| path_to(a, (0, 0))).collect(),
+                timing,
+                shape: self.shape,
+            })
+        });
         let hook = |access| VerbsHook { pd: self.pd.clone(), access, count: self.registrations.clone() };
         let send_pool = Pool::new(
             PoolConfig { buf_size: cfg.eager.slot_bytes, bufs_per_chunk: 64, max_chunks: SEND_BUFS / 64, huge_pages: HugePages::Never },
             hook(Access::Local),
         );
         let memory = Memory::new(hook(Access::Remote), cfg.bounce_max, true);
+        let mut st = RdmaState::new(&cfg.eager, self.credit, self.registrations, self.mailbox, self.recv).with_peers(peers);
+        // Eagerly every slot is posted already (above, or at create), in the grants' order.
+        drop(st.take_posts());
         Ok(VerbsEndpoint {
-            st: RdmaState::new(&cfg.eager, self.credit, self.registrations, self.mailbox, self.recv).with_peers(peers),
-            max_inline,
+            on_demand,
+            st,
+            max_inline: self.max_inline as usize,
             // Pieces of at most 1 MiB: a long READ response on a slow link
             // (rxe under emulation) must not outlive the ACK timeout.
             max_msg: (self.chosen.port_attr.max_msg_sz as usize).clamp(1 << 16, MAX_PIECE),
@@ -359,7 +402,7 @@ impl VerbsSetup {
             ops: Operations::default(),
             memory,
             send_pool,
-            recv_mr: self.recv_mr,
+            regions: self.regions,
             _mailbox_mr: self.mailbox_mr,
             outbox: self.outbox,
             outbox_mr: self.outbox_mr,
@@ -372,13 +415,36 @@ impl VerbsSetup {
     }
 }
 
-/// Moves a QP to RTS, retrying while the kernel cannot resolve the peer's
+/// The first PSN of our queue pair toward rank `r` (24 bits, different per
+/// process and peer, so a stale packet of an earlier job is not taken for ours).
+fn first_psn(r: u32) -> u32 {
+    (std::process::id().wrapping_mul(2_654_435_761) ^ r.wrapping_mul(0x9e37_79b9)) & 0x00ff_ffff
+}
+
+/// How our RC queue pairs are made.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct QpShape {
+    sq: u32,
+    /// Receive work requests (without a shared receive queue): a connection's slots.
+    recv: u32,
+    inline: u32,
+}
+
+impl QpShape {
+    fn create(&self, pd: &Arc<Pd>, send_cq: &Arc<Cq>, recv_cq: &Arc<Cq>, srq: Option<&Arc<Srq>>) -> std::io::Result<Qp> {
+        Qp::create_rc(pd, send_cq, recv_cq, srq, self.sq, self.recv, self.inline)
+            // Some devices refuse inline data; fall back to none.
+            .or_else(|_| Qp::create_rc(pd, send_cq, recv_cq, srq, self.sq, self.recv, 0))
+    }
+}
+
+/// Moves a QP to RTS (`to_rts`), retrying while the kernel cannot resolve the peer's
 /// address yet (ETIMEDOUT: e.g. an IPv6 address still in duplicate address
 /// detection right after the interface came up). Bounded: 10 tries, 5 s.
-pub(crate) fn connect_with_retry(qp: &Qp, timing: QpTiming, psn: u32, path: &PeerPath) -> std::io::Result<()> {
+pub(crate) fn connect_with_retry(to_rts: impl Fn() -> std::io::Result<()>) -> std::io::Result<()> {
     let mut tries = 0;
     loop {
-        match qp.connect(timing, psn, path) {
+        match to_rts() {
             Err(e) if e.kind() == std::io::ErrorKind::TimedOut && tries < 10 => {
                 tries += 1;
                 std::thread::sleep(Duration::from_millis(500));
@@ -394,6 +460,8 @@ pub(crate) fn connect_with_retry(qp: &Qp, timing: QpTiming, psn: u32, path: &Pee
 /// then the registrations, then the memory they cover, then the queues and
 /// the domain, and the shared state last.
 pub struct VerbsEndpoint {
+    /// Lazily: the handshakes that make queue pairs on demand.
+    on_demand: Option<Box<OnDemand>>,
     max_inline: usize,
     max_msg: usize,
     device: String,
@@ -402,7 +470,7 @@ pub struct VerbsEndpoint {
     /// Owned registrations, exposures, bounce buffers.
     memory: Memory<VerbsHook>,
     send_pool: Pool<VerbsHook>,
-    recv_mr: Mr,
+    regions: RecvRegions,
     /// Registered for peers' credit writes; never read through.
     _mailbox_mr: Mr,
     outbox_mr: Mr,
@@ -479,6 +547,10 @@ impl VerbsEndpoint {
     ) -> Result<(), TransportError> {
         let low_slots = self.send_pool.leased() * 4 >= 3 * SEND_BUFS;
         let p = self.st.peers.alive(peer)?;
+        let Some(qp) = p.link.qp.as_ref() else {
+            let source = std::io::Error::new(std::io::ErrorKind::NotConnected, "no queue pair toward the peer yet");
+            return Err(TransportError::Io { op: "ibv_post_send", peer, source });
+        };
         let seq = p.link.seq;
         let signaled = force_signal || low_slots || p.link.unsignaled + 1 >= SIGNAL_EVERY;
         let wr = SendWr { wr_id: (u64::from(peer) << PEER_SHIFT) | seq, opcode: op, local, signaled, inline };
@@ -486,7 +558,7 @@ impl VerbsEndpoint {
         // (send slots, bounce buffers, per-operation registrations) or the
         // core (lent buffers, until poll_ops reports the op) keeps alive until
         // this request completes; inline data is copied during the call.
-        unsafe { p.link.qp.post_send(&wr) }.map_err(|source| TransportError::Io { op: "ibv_post_send", peer, source })?;
+        unsafe { qp.post_send(&wr) }.map_err(|source| TransportError::Io { op: "ibv_post_send", peer, source })?;
         p.link.seq += 1;
         p.link.unsignaled = if signaled { 0 } else { p.link.unsignaled + 1 };
         p.link.inflight.push_back((seq, what));
@@ -593,7 +665,7 @@ impl RdmaDevice for VerbsEndpoint {
     }
 
     fn post_piece(&mut self, _: Core, pc: &Piece<u32>) -> Result<Posted, TransportError> {
-        if !self.sq_room(pc.peer)? {
+        if !self.ready(pc.peer)? || !self.sq_room(pc.peer)? {
             return Ok(Posted::Again);
         }
         let (remote_addr, rkey) = (pc.remote_addr, pc.key as u32);
@@ -615,7 +687,8 @@ impl RdmaDevice for VerbsEndpoint {
     /// full send queue or no free buffer is backpressure.
     fn send_eager(&mut self, _: Core, peer: PeerId, header: &[u8; HEADER_BYTES], payload: &[u8]) -> Result<SendOutcome, TransportError> {
         let len = HEADER_BYTES + payload.len();
-        if !self.sq_room(peer)? {
+        // Lazily, until the queue pair is connected: "connecting".
+        if !self.ready(peer)? || !self.sq_room(peer)? {
             return Ok(SendOutcome::Backpressure);
         }
         if len <= self.max_inline.min(INLINE_BUF) {
@@ -650,6 +723,10 @@ impl RdmaDevice for VerbsEndpoint {
             let want = CQ_BATCH.min(max - n);
             let got = self.recv_cq.poll(&mut wcs[..want]).map_err(setup_error("poll the receive completion queue"))?;
             for wc in &wcs[..got] {
+                if self.on_demand.as_ref().is_some_and(|od| od.channel.qpn() == wc.qp_num) {
+                    self.on_datagram(wc);
+                    continue;
+                }
                 let slot = wc.wr_id() as usize;
                 let peer = match self.qpn_to_peer.binary_search_by_key(&wc.qp_num, |&(q, _)| q) {
                     Ok(i) => self.qpn_to_peer[i].1,
@@ -668,6 +745,9 @@ impl RdmaDevice for VerbsEndpoint {
                     self.st.mark_dead(peer, format!("device {} reported on receive: {reason}", self.device), flushed);
                     continue; // the QP is in error: its slot is not reposted
                 }
+                if let Some(od) = self.on_demand.as_deref_mut() {
+                    od.wire.on_arrival(peer);
+                }
                 let a = self.st.arrive(peer, slot as u64, wc.len(), "undecodable header in a verbs receive slot")?;
                 if RdmaState::<Link>::for_core(&a) {
                     out.push(a);
@@ -680,6 +760,7 @@ impl RdmaDevice for VerbsEndpoint {
                 break;
             }
         }
+        self.tick_wireup();
         self.reap_sends()?;
         Ok(n)
     }
@@ -687,19 +768,13 @@ impl RdmaDevice for VerbsEndpoint {
     /// Reposts the slot before returning its credit: the slot is free again only once posted.
     fn release_slot(&mut self, _: Core, arrival: Arrival) -> Result<(), TransportError> {
         self.st.unhold(&arrival)?;
-        let (slot, peer) = (arrival.slot, arrival.peer);
-        let addr = self.recv_mr.addr + slot * self.st.slot_bytes as u64;
-        let (len, lkey) = (self.st.slot_bytes as u32, self.recv_mr.lkey());
-        let posted = match (&self.srq, self.st.peers.get(peer as usize)) {
-            // SAFETY: the slot lies in the registered receive region the endpoint owns.
-            (Some(srq), _) => unsafe { srq.post_recv(slot, addr, len, lkey) },
-            // SAFETY: as above, on the queue pair of the peer that owns the slot.
-            (None, Some(Some(p))) => unsafe { p.link.qp.post_recv(slot, addr, len, lkey) },
-            (None, _) => return Ok(()),
-        };
-        posted.map_err(|source| TransportError::Io { op: "repost a receive slot", peer, source })?;
-        self.st.released(peer, Class::of(arrival.header.kind));
+        self.post_slot(arrival.slot as usize, arrival.peer)?;
+        self.st.released(arrival.peer, Class::of(arrival.header.kind));
         Ok(())
+    }
+
+    fn post_slots(&mut self, _: Core, peer: PeerId, slots: std::ops::Range<usize>) -> Result<(), TransportError> {
+        self.post_granted(peer, slots)
     }
 
     fn large_path(&self) -> String {
@@ -707,6 +782,7 @@ impl RdmaDevice for VerbsEndpoint {
     }
 
     fn progress(&mut self, _: Core) -> Result<(), TransportError> {
+        self.tick_wireup();
         self.reap_sends().map(drop)
     }
 
@@ -714,9 +790,13 @@ impl RdmaDevice for VerbsEndpoint {
     fn return_credits(&mut self, _: Core, all: bool) -> Result<(), TransportError> {
         self.st.explicit_due = false;
         for peer in self.st.owed_returns(all) {
-            if !self.sq_room(peer)? {
-                self.st.explicit_due = true;
-                continue;
+            match self.ready(peer) {
+                Ok(true) if self.sq_room(peer)? => {}
+                Ok(_) => {
+                    self.st.explicit_due = true;
+                    continue;
+                }
+                Err(_) => continue, // dead: nothing to return
             }
             let word = self.st.return_word(peer);
             let p = self.st.peers[peer as usize].as_ref().expect("a peer");
@@ -734,6 +814,10 @@ impl RdmaDevice for VerbsEndpoint {
     }
 
     fn probe(&mut self, _: Core, peer: PeerId) {
+        // A probe never makes a connection of its own.
+        if !self.is_connected(peer) {
+            return;
+        }
         let Some(Some(p)) = self.st.peers.get(peer as usize) else { return };
         if !p.life.probe_due() {
             return;
@@ -754,8 +838,11 @@ impl RdmaDevice for VerbsEndpoint {
 impl Drop for VerbsEndpoint {
     fn drop(&mut self) {
         // Stop the device from touching memory we are about to free.
-        for p in self.st.peers.iter().flatten() {
-            p.link.qp.set_error();
+        for qp in self.st.peers.iter().flatten().filter_map(|p| p.link.qp.as_ref()) {
+            qp.set_error();
+        }
+        if let Some(od) = &self.on_demand {
+            od.channel.close();
         }
         self.st.peers.clear();
         self.memory.clear();

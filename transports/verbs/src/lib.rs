@@ -26,11 +26,14 @@
 //! `FMX_NEWCOMER_CREDITS`, `FMX_CREDIT_THRESHOLD`.
 
 mod address;
+mod channel;
 pub mod device;
 pub mod endpoint;
 pub mod info;
 pub mod probe;
+mod slots;
 mod sys;
+mod wireup;
 
 pub use device::{choose, device_for_rank, Chosen};
 pub use endpoint::{VerbsConfig, VerbsEndpoint, VerbsSetup, DEFAULT_BOUNCE_MAX, DEFAULT_POOL_SLOTS, DEFAULT_SLOT_BYTES};

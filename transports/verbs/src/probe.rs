@@ -88,8 +88,8 @@ pub fn run() -> Result<(String, Vec<Row>), String> {
         rd_atomic: a.max_qp_rd_atom.clamp(1, 16) as u8,
     };
     let path = |q: &Qp| PeerPath { qpn: q.qpn(), psn: 0, lid: c.port_attr.lid, gid: c.gid, global: c.global, mtu: c.port_attr.active_mtu };
-    connect_with_retry(&qa, timing, 0, &path(&qb)).map_err(|e| e.to_string())?;
-    connect_with_retry(&qb, timing, 0, &path(&qa)).map_err(|e| e.to_string())?;
+    connect_with_retry(|| qa.connect(timing, 0, &path(&qb))).map_err(|e| e.to_string())?;
+    connect_with_retry(|| qb.connect(timing, 0, &path(&qa))).map_err(|e| e.to_string())?;
 
     let mut mem = MmapMut::map_anon(1 << 16).map_err(|e| e.to_string())?;
     let base = mem.as_mut_ptr();

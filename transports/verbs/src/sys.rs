@@ -425,22 +425,41 @@ impl Qp {
         max_recv_wr: u32,
         max_inline: u32,
     ) -> io::Result<Self> {
+        let caps = (max_send_wr, if srq.is_some() { 0 } else { max_recv_wr }, max_inline);
+        Self::create(pd, send_cq, recv_cq, srq, ffi::ibv_qp_type::IBV_QPT_RC, caps)
+    }
+
+    /// A UD queue pair (the wire-up channel of connections made on demand);
+    /// activate it with [`Qp::activate_ud`].
+    pub(crate) fn create_ud(pd: &Arc<Pd>, send_cq: &Arc<Cq>, recv_cq: &Arc<Cq>, max_send_wr: u32, max_recv_wr: u32) -> io::Result<Self> {
+        Self::create(pd, send_cq, recv_cq, None, ffi::ibv_qp_type::IBV_QPT_UD, (max_send_wr, max_recv_wr, 0))
+    }
+
+    fn create(
+        pd: &Arc<Pd>,
+        send_cq: &Arc<Cq>,
+        recv_cq: &Arc<Cq>,
+        srq: Option<&Arc<Srq>>,
+        qp_type: ffi::ibv_qp_type::Type,
+        (max_send_wr, max_recv_wr, max_inline): (u32, u32, u32),
+    ) -> io::Result<Self> {
         let mut attr = ffi::ibv_qp_init_attr {
             send_cq: send_cq.cq.as_ptr(),
             recv_cq: recv_cq.cq.as_ptr(),
             srq: srq.map_or(std::ptr::null_mut(), |s| s.srq.as_ptr()),
-            qp_type: ffi::ibv_qp_type::IBV_QPT_RC,
+            qp_type,
             sq_sig_all: 0,
             ..Default::default()
         };
         attr.cap.max_send_wr = max_send_wr;
-        attr.cap.max_recv_wr = if srq.is_some() { 0 } else { max_recv_wr };
+        attr.cap.max_recv_wr = max_recv_wr;
         attr.cap.max_send_sge = 1;
         attr.cap.max_recv_sge = 1;
         attr.cap.max_inline_data = max_inline;
         // SAFETY: the PD, CQs and SRQ are valid and outlive the QP (it holds Arcs).
         let qp = unsafe { ffi::ibv_create_qp(pd.pd.as_ptr(), &raw mut attr) };
-        let qp = NonNull::new(qp).ok_or_else(|| last_os_error("ibv_create_qp(RC)"))?;
+        let what = if qp_type == ffi::ibv_qp_type::IBV_QPT_UD { "ibv_create_qp(UD)" } else { "ibv_create_qp(RC)" };
+        let qp = NonNull::new(qp).ok_or_else(|| last_os_error(what))?;
         Ok(Self {
             qp,
             _pd: pd.clone(),
@@ -463,11 +482,17 @@ impl Qp {
 
     /// RESET -> INIT -> RTR -> RTS toward `peer`.
     pub(crate) fn connect(&self, t: QpTiming, my_psn: u32, peer: &PeerPath) -> io::Result<()> {
+        self.to_init(t.port)?;
+        self.to_rts(t, my_psn, peer)
+    }
+
+    /// RESET -> INIT: receives may be posted from here on.
+    pub(crate) fn to_init(&self, port: u8) -> io::Result<()> {
         use ibv_qp_attr_mask as M;
         let mut a = ffi::ibv_qp_attr {
             qp_state: ffi::ibv_qp_state::IBV_QPS_INIT,
             pkey_index: 0,
-            port_num: t.port,
+            port_num: port,
             qp_access_flags: (ibv_access_flags::IBV_ACCESS_LOCAL_WRITE
                 | ibv_access_flags::IBV_ACCESS_REMOTE_WRITE
                 | ibv_access_flags::IBV_ACCESS_REMOTE_READ
@@ -475,8 +500,24 @@ impl Qp {
                 .0,
             ..Default::default()
         };
-        self.modify(&mut a, M::IBV_QP_STATE | M::IBV_QP_PKEY_INDEX | M::IBV_QP_PORT | M::IBV_QP_ACCESS_FLAGS, "modify QP to INIT")?;
+        self.modify(&mut a, M::IBV_QP_STATE | M::IBV_QP_PKEY_INDEX | M::IBV_QP_PORT | M::IBV_QP_ACCESS_FLAGS, "modify QP to INIT")
+    }
 
+    /// A UD queue pair's RESET -> INIT -> RTR -> RTS, accepting datagrams that carry `qkey`.
+    pub(crate) fn activate_ud(&self, port: u8, qkey: u32, psn: u32) -> io::Result<()> {
+        use ibv_qp_attr_mask as M;
+        let mut a =
+            ffi::ibv_qp_attr { qp_state: ffi::ibv_qp_state::IBV_QPS_INIT, pkey_index: 0, port_num: port, qkey, ..Default::default() };
+        self.modify(&mut a, M::IBV_QP_STATE | M::IBV_QP_PKEY_INDEX | M::IBV_QP_PORT | M::IBV_QP_QKEY, "modify UD QP to INIT")?;
+        let mut a = ffi::ibv_qp_attr { qp_state: ffi::ibv_qp_state::IBV_QPS_RTR, ..Default::default() };
+        self.modify(&mut a, M::IBV_QP_STATE, "modify UD QP to RTR")?;
+        let mut a = ffi::ibv_qp_attr { qp_state: ffi::ibv_qp_state::IBV_QPS_RTS, sq_psn: psn, ..Default::default() };
+        self.modify(&mut a, M::IBV_QP_STATE | M::IBV_QP_SQ_PSN, "modify UD QP to RTS")
+    }
+
+    /// INIT -> RTR -> RTS toward `peer`.
+    pub(crate) fn to_rts(&self, t: QpTiming, my_psn: u32, peer: &PeerPath) -> io::Result<()> {
+        use ibv_qp_attr_mask as M;
         let mut a = ffi::ibv_qp_attr {
             qp_state: ffi::ibv_qp_state::IBV_QPS_RTR,
             path_mtu: peer.mtu,
@@ -580,6 +621,35 @@ impl Qp {
         check(rc, "ibv_post_send")
     }
 
+    /// Sends one datagram from a UD queue pair, signaled.
+    ///
+    /// # Safety
+    /// `local` lies in memory registered with its lkey and stays allocated
+    /// and unwritten until the send completes.
+    pub(crate) unsafe fn post_send_ud(&self, wr_id: u64, local: (u64, u32, u32), ah: &Ah, remote_qpn: u32, qkey: u32) -> io::Result<()> {
+        let (addr, length, lkey) = local;
+        let mut sge = ffi::ibv_sge { addr, length, lkey };
+        let mut w = ffi::ibv_send_wr {
+            wr_id,
+            next: std::ptr::null_mut(),
+            sg_list: &raw mut sge,
+            num_sge: 1,
+            opcode: ffi::ibv_wr_opcode::IBV_WR_SEND,
+            send_flags: ibv_send_flags::IBV_SEND_SIGNALED.0,
+            ..Default::default()
+        };
+        w.wr.ud = ffi::ibv_send_wr__bindgen_ty_2__bindgen_ty_3 { ah: ah.ah.as_ptr(), remote_qpn, remote_qkey: qkey };
+        let mut bad = std::ptr::null_mut();
+        // SAFETY: as in `post_send`; the address handle lives (it is borrowed) for the call,
+        // and the provider keeps what it needs of it until the send completes.
+        let rc = unsafe {
+            let ctx = (*self.qp.as_ptr()).context;
+            let post = (*ctx).ops.post_send.expect("provider has post_send");
+            post(self.qp.as_ptr(), &raw mut w, &raw mut bad)
+        };
+        check(rc, "ibv_post_send(UD)")
+    }
+
     /// Posts one receive on the QP's own receive queue (devices without SRQ).
     ///
     /// # Safety
@@ -603,6 +673,40 @@ impl Drop for Qp {
         // SAFETY: destroyed once; buffers of outstanding requests are owned by
         // the endpoint, which drops its QPs before its memory regions.
         unsafe { ffi::ibv_destroy_qp(self.qp.as_ptr()) };
+    }
+}
+
+/// An address handle: where a UD datagram goes.
+pub(crate) struct Ah {
+    ah: NonNull<ffi::ibv_ah>,
+    _pd: Arc<Pd>,
+}
+
+// SAFETY: see Context.
+unsafe impl Send for Ah {}
+
+impl Ah {
+    /// The address of a port reached by `lid`, or by `gid` through a global route header.
+    pub(crate) fn create(pd: &Arc<Pd>, port: u8, gid_index: u8, lid: u16, gid: [u8; 16], global: bool) -> io::Result<Self> {
+        let mut a = ffi::ibv_ah_attr { dlid: lid, port_num: port, ..Default::default() };
+        if global {
+            a.is_global = 1;
+            a.grh.dgid.raw = gid;
+            a.grh.sgid_index = gid_index;
+            a.grh.hop_limit = 64;
+        }
+        // SAFETY: the PD is valid; `a` is a fully initialized attribute the call only reads.
+        let ah = unsafe { ffi::ibv_create_ah(pd.pd.as_ptr(), &raw mut a) };
+        let ah = NonNull::new(ah).ok_or_else(|| last_os_error("ibv_create_ah"))?;
+        Ok(Self { ah, _pd: pd.clone() })
+    }
+}
+
+impl Drop for Ah {
+    fn drop(&mut self) {
+        // SAFETY: created once, destroyed once; the UD QP that used it keeps
+        // no reference once its sends completed (and it is destroyed first).
+        unsafe { ffi::ibv_destroy_ah(self.ah.as_ptr()) };
     }
 }
 

@@ -18,7 +18,22 @@
 
 use std::time::Instant;
 
-use crate::{Connection, PeerId};
+use crate::settings::ConnectMode;
+use crate::{Connection, PeerId, TransportError};
+
+/// The error when rank `peer` was started in the other mode than we (`lazy`):
+/// every rank of a job must connect alike.
+pub fn mode_mismatch(peer: PeerId, me: PeerId, lazy: bool) -> TransportError {
+    let mode = |l: bool| if l { ConnectMode::Lazy.name() } else { ConnectMode::Eager.name() };
+    TransportError::Setup {
+        what: format!(
+            "rank {peer} connects {} but rank {me} connects {}: set FMX_CONNECT alike for the whole job",
+            mode(!lazy),
+            mode(lazy)
+        ),
+        source: std::io::Error::from(std::io::ErrorKind::InvalidInput),
+    }
+}
 
 /// `match_bits` of the internal message a smaller ID sends to open the way.
 pub const CONNECT_REQUEST: u64 = 0x636f_6e6e_0001;

@@ -44,6 +44,9 @@ pub trait RdmaDevice: Sealed {
     /// it appended.
     fn receive(&mut self, _: Core, max: usize, out: &mut Vec<Arrival>) -> Result<usize, TransportError>;
 
+    /// Posts receive slots `slots`, granted to `peer` ([`RdmaState::grant`]).
+    fn post_slots(&mut self, _: Core, peer: PeerId, slots: std::ops::Range<usize>) -> Result<(), TransportError>;
+
     /// Reposts `arrival`'s slot, then gives its credit back ([`RdmaState::released`]).
     fn release_slot(&mut self, _: Core, arrival: Arrival) -> Result<(), TransportError>;
 

@@ -116,6 +116,17 @@ fn shared_finalize<D: RdmaDevice>(d: &mut D) -> Result<(), TransportError> {
     Ok(())
 }
 
+/// Posts the receive slots granted since the last call (a first contact grants them).
+fn shared_post_granted<D: RdmaDevice>(d: &mut D) -> Result<(), TransportError> {
+    if d.state().posts_due.is_empty() {
+        return Ok(());
+    }
+    for (peer, slots) in d.state_mut(CORE).take_posts() {
+        d.post_slots(CORE, peer, slots)?;
+    }
+    Ok(())
+}
+
 /// Starts a one-sided operation in pieces of at most [`RdmaDevice::max_piece`];
 /// the pieces the device has no room for wait (never spinning) for the
 /// next `Endpoint::poll_ops`.
@@ -256,6 +267,7 @@ impl<D: RdmaDevice + Send> Endpoint for D {
         let out = self.send_eager(CORE, peer, &wire, payload);
         if matches!(out, Ok(SendOutcome::Sent)) {
             self.state_mut(CORE).first_contact(peer);
+            shared_post_granted(self)?;
         } else if let Some(Some(p)) = self.state_mut(CORE).peers.get_mut(peer as usize) {
             p.credits = saved;
         }
@@ -271,10 +283,15 @@ impl<D: RdmaDevice + Send> Endpoint for D {
         let rank = st.rank;
         let mut n = st.own.take(rank, max, out);
         n += self.receive(CORE, max - n, out)?;
+        shared_post_granted(self)?;
         shared_accept_connections(self)?;
         shared_post_pending(self)?;
         if self.state().explicit_due {
-            self.return_credits(CORE, false)?;
+            let news = std::mem::take(&mut self.state_mut(CORE).finalize_news);
+            self.return_credits(CORE, news)?;
+            // Not every word could go: the news stays due.
+            let st = self.state_mut(CORE);
+            st.finalize_news |= news && st.explicit_due;
         }
         Ok(n)
     }

@@ -29,6 +29,9 @@ pub struct EagerConfig {
     pub threshold: Option<u32>,
     /// When connections are made (`FMX_CONNECT`; `None`: the device's default).
     pub connect: Option<ConnectMode>,
+    /// Connections made on demand: the eager slots each new connection is
+    /// granted (its slice) while the pool (`pool`, then the cap) has room.
+    pub conn_slots: u32,
 }
 
 impl EagerConfig {
@@ -43,17 +46,96 @@ impl EagerConfig {
             newcomer: env_limited("FMX_NEWCOMER_CREDITS", limits::NEWCOMER_CREDITS)?.map_or(DEFAULT_NEWCOMER_CREDITS, |n| n as u32),
             threshold: env_limited("FMX_CREDIT_THRESHOLD", limits::CREDIT_THRESHOLD)?.map(|n| n as u32),
             connect: ConnectMode::from_env()?,
+            conn_slots: env_limited("FMX_CONNECTION_SLOTS", limits::CONNECTION_SLOTS)?.map_or(DEFAULT_CONNECTION_SLOTS, |n| n as u32),
         })
     }
 
-    /// FM's credits for this pool, checked against the job's size.
+    /// Whether connections are made on demand.
+    pub fn lazy(&self) -> bool {
+        self.connect == Some(ConnectMode::Lazy)
+    }
+
+    /// FM's credits for this pool: eagerly, the pool shared by every peer of
+    /// the job (checked against its size); lazily, one connection's slice.
     pub fn credits(&self) -> Result<CreditConfig, TransportError> {
+        if self.lazy() {
+            let slice = self.conn_slots.min(self.pool).max(1);
+            return CreditConfig::for_transport(slice, 1, self.newcomer, self.threshold, CTRL_SLOTS, "FMX_CONNECTION_SLOTS");
+        }
         CreditConfig::for_transport(self.pool, self.size.saturating_sub(1), self.newcomer, self.threshold, CTRL_SLOTS, "FMX_POOL_SLOTS")
     }
 
-    /// Receive slots to post: the eager pool and the control slots of every peer.
+    /// Receive slots there may ever be: eagerly, the eager pool and the
+    /// control slots of every peer (all posted at init); lazily, the most
+    /// that connections to every peer could be granted ([`Grants`]: the
+    /// pool, then the newcomer credits of each connection beyond it), of
+    /// which only the connections' are registered and posted.
     pub fn receive_slots(&self) -> usize {
-        (self.pool + CTRL_SLOTS * self.size.saturating_sub(1)) as usize
+        let peers = self.size.saturating_sub(1);
+        if self.lazy() {
+            let floor = self.newcomer.clamp(1, self.conn_slots.min(self.pool).max(1));
+            return (self.pool + (floor + CTRL_SLOTS) * peers) as usize;
+        }
+        (self.pool + CTRL_SLOTS * peers) as usize
+    }
+}
+
+/// Default eager slots granted a connection made on demand.
+pub const DEFAULT_CONNECTION_SLOTS: u32 = 8;
+
+/// The receive slots granted each peer: which slots are its (eager slice
+/// and control reserve), handed out in the order peers connect. Eagerly
+/// every peer gets `slice` at init. Lazily a connection gets the
+/// configured slice while the pool has room, and beyond it only the
+/// newcomer credits (at least one slot, as eagerly a pool must give every
+/// peer one): memory grows with the peers a process talks to, by a slice
+/// each up to the pool and by a slot or two beyond it.
+#[derive(Debug)]
+pub struct Grants {
+    /// The data slots granted each peer (0: none yet).
+    slice: Vec<u32>,
+    /// Data slots granted so far.
+    data: u32,
+    /// Connections granted so far.
+    peers: u32,
+    /// The next free slot index.
+    next: usize,
+    /// Slots set apart for no peer ([`Grants::reserve`]).
+    reserved: usize,
+    pool: u32,
+    full: u32,
+    floor: u32,
+}
+
+impl Grants {
+    fn new(cfg: &EagerConfig, credit: &CreditConfig) -> Self {
+        let floor = if cfg.lazy() { credit.newcomer.clamp(1, credit.slice) } else { credit.slice };
+        Self { slice: vec![0; cfg.size as usize], data: 0, peers: 0, next: 0, reserved: 0, pool: cfg.pool, full: credit.slice, floor }
+    }
+
+    /// Grants `peer` its slots (once): the range of slot indices to post,
+    /// its data slots first, then its control slots. `None` when it has them.
+    pub fn grant(&mut self, peer: PeerId) -> Option<std::ops::Range<usize>> {
+        let s = self.slice.get_mut(peer as usize).filter(|s| **s == 0)?;
+        *s = if self.data + self.full <= self.pool { self.full } else { self.floor };
+        self.data += *s;
+        self.peers += 1;
+        let n = (*s + CTRL_SLOTS) as usize;
+        self.next += n;
+        Some(self.next - n..self.next)
+    }
+
+    /// Sets `n` slots apart for no peer in particular (a device whose
+    /// first messages from unconnected peers land in any posted slot).
+    pub fn reserve(&mut self, n: usize) -> std::ops::Range<usize> {
+        self.reserved += n;
+        self.next += n;
+        self.next - n..self.next
+    }
+
+    /// The data slots granted `peer` (0: none yet).
+    pub fn slice_of(&self, peer: PeerId) -> u32 {
+        self.slice.get(peer as usize).copied().unwrap_or(0)
     }
 }
 
@@ -79,6 +161,9 @@ pub struct RdmaState<L> {
     pub probe_cursor: u32,
     /// We called finalize: our mailbox words say so.
     pub finalized: bool,
+    /// A peer first spoke to us after we finalized: it is owed our mailbox
+    /// word, which says so (every reachable peer gets it again: one word each).
+    pub finalize_news: bool,
     /// Registrations by kind (the total is `registrations`).
     pub stats: RegistrationStats,
     /// Registrations made, shared with the pools' registration hooks.
@@ -91,6 +176,10 @@ pub struct RdmaState<L> {
     held: Vec<bool>,
     /// Which peers are connected, and since when.
     pub conns: Connections,
+    /// Which receive slots each peer was granted.
+    pub grants: Grants,
+    /// Slots granted that the device has yet to post, with their peer.
+    pub posts_due: Vec<(PeerId, std::ops::Range<usize>)>,
 }
 
 /// What [`RdmaState::admit`] decided about an eager send.
@@ -118,12 +207,15 @@ impl<L> RdmaState<L> {
             reallocated: false,
             probe_cursor: 0,
             finalized: false,
+            finalize_news: false,
             stats: RegistrationStats::default(),
             registrations,
             mailbox,
             recv,
             held: Vec::new(),
-            conns: Connections::new(cfg.size, cfg.connect == Some(ConnectMode::Lazy)),
+            conns: Connections::new(cfg.size, cfg.lazy()),
+            grants: Grants::new(cfg, &credit),
+            posts_due: Vec::new(),
         }
     }
 
@@ -213,10 +305,32 @@ impl<L> RdmaState<L> {
     }
 
     /// Installs the peers (ourselves as `None`): eagerly, they are connected
-    /// now; lazily, each at its first contact.
+    /// now and granted their slots (for the device to post: [`RdmaState::take_posts`]);
+    /// lazily, each at its first contact.
     pub fn set_peers(&mut self, peers: Vec<Option<Peer<L>>>) {
         self.peers = PeerList::new(peers);
+        if !self.conns.lazy() {
+            for r in 0..self.size {
+                self.grant(r);
+            }
+        }
         self.connected_now();
+    }
+
+    /// Grants `peer` its receive slots, once (a device that makes a queue
+    /// pair per connection grants when it makes it, before any message can
+    /// come); the device posts them ([`RdmaState::take_posts`]).
+    pub fn grant(&mut self, peer: PeerId) {
+        if peer != self.rank {
+            if let Some(slots) = self.grants.grant(peer) {
+                self.posts_due.push((peer, slots));
+            }
+        }
+    }
+
+    /// The granted slots the device has yet to post, with their peer.
+    pub fn take_posts(&mut self) -> Vec<(PeerId, std::ops::Range<usize>)> {
+        std::mem::take(&mut self.posts_due)
     }
 
     /// Eager mode: notes every installed peer as connected now (a device
@@ -231,11 +345,16 @@ impl<L> RdmaState<L> {
     /// The first message to or from `peer` (lazy mode): it is connected
     /// now, and gets its credit slice if the job's shape is already known.
     pub fn first_contact(&mut self, peer: PeerId) {
-        if self.conns.touch(peer) && self.reallocated {
-            let credit = self.credit;
-            if let Some(Some(p)) = self.peers.get_mut(peer as usize) {
-                p.credits().reallocate(&credit);
-            }
+        if !self.conns.touch(peer) {
+            return;
+        }
+        if self.finalized {
+            self.finalize_news = true;
+            self.explicit_due = true;
+        }
+        self.grant(peer);
+        if self.reallocated {
+            self.give_slice(peer);
         }
     }
 
@@ -243,12 +362,22 @@ impl<L> RdmaState<L> {
     /// now (eagerly: all of them); a peer connected later gets it then.
     pub fn reallocate(&mut self) {
         self.reallocated = true;
-        let credit = self.credit;
-        for (r, p) in self.peers.iter_mut().enumerate() {
-            if let Some(p) = p {
-                if self.conns.reachable(r as PeerId) {
-                    p.credits().reallocate(&credit);
-                }
+        for r in 0..self.size {
+            if r != self.rank && self.conns.reachable(r) {
+                self.give_slice(r);
+            }
+        }
+    }
+
+    /// Grants `peer` the data slots it was given ([`Grants`]); a slice
+    /// smaller than the configured one makes its returns fall due sooner.
+    fn give_slice(&mut self, peer: PeerId) {
+        let slice = self.grants.slice_of(peer);
+        let credit = CreditConfig { slice, ..self.credit };
+        if let Some(Some(p)) = self.peers.get_mut(peer as usize) {
+            p.credits().reallocate(&credit);
+            if slice < self.credit.slice {
+                p.credits().set_peer_window(slice);
             }
         }
     }
@@ -351,9 +480,21 @@ impl<L> RdmaState<L> {
         RegistrationStats { registrations: self.registrations.load(Ordering::Relaxed), ..self.stats }
     }
 
-    /// `Endpoint::receive_memory`: slots never resize on these devices.
+    /// `Endpoint::receive_memory`: eagerly the pool and every peer's control
+    /// slots; lazily what the connections were granted.
     pub fn receive_memory(&self) -> ReceiveMemory {
-        ReceiveMemory::fixed(&self.credit, self.size.saturating_sub(1), self.slot_bytes, OWN_SLOTS)
+        if !self.conns.lazy() {
+            return ReceiveMemory::fixed(&self.credit, self.size.saturating_sub(1), self.slot_bytes, OWN_SLOTS);
+        }
+        let (data, peers) = (self.grants.data as usize * self.slot_bytes, self.grants.peers as usize);
+        ReceiveMemory {
+            eager_pool: data,
+            per_peer: self.credit.slice as usize * self.slot_bytes,
+            control: self.credit.ctrl as usize * peers * self.slot_bytes,
+            first_contact: self.grants.reserved * self.slot_bytes,
+            own: OWN_SLOTS * self.slot_bytes,
+            eager_resident: data,
+        }
     }
 
     /// Why `peer` cannot be reached (`None` while it lives).

@@ -120,6 +120,9 @@ impl RdmaDevice for MemoryDevice {
         }
         Ok(n)
     }
+    fn post_slots(&mut self, _: Core, _peer: PeerId, _slots: std::ops::Range<usize>) -> Result<(), TransportError> {
+        Ok(()) // every slot of this device is always there
+    }
     fn release_slot(&mut self, _: Core, arrival: Arrival) -> Result<(), TransportError> {
         self.st.unhold(&arrival)?;
         self.st.released(arrival.peer, crate::credit::Class::of(arrival.header.kind));
@@ -179,7 +182,8 @@ fn pair() -> (MemoryDevice, MemoryDevice, Arc<Mutex<usize>>) {
     let mailboxes = Arc::new(Mutex::new(vec![0; 2]));
     let deepest = Arc::new(Mutex::new(0));
     let make = |rank: u32| {
-        let cfg = EagerConfig { rank, size: 2, pool: 8, slot_bytes: SLOT_BYTES, newcomer: 2, threshold: Some(1), connect: None };
+        let cfg =
+            EagerConfig { rank, size: 2, pool: 8, slot_bytes: SLOT_BYTES, newcomer: 2, threshold: Some(1), connect: None, conn_slots: 8 };
         let mailbox = memmap2::MmapMut::map_anon(16).expect("a mailbox");
         mailboxes.lock().expect("mailboxes")[rank as usize] = mailbox.as_ptr() as usize;
         let recv = memmap2::MmapMut::map_anon(RECV_SLOTS as usize * SLOT_BYTES).expect("receive slots");

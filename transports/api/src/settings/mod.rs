@@ -85,10 +85,10 @@ pub fn env_in(var: &str, min: usize, max: usize) -> Result<Option<usize>, Transp
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum ConnectMode {
     /// At the first message between two ranks (either way): queue pairs,
-    /// connections and credits grow with the peers a process talks to.
-    Lazy,
-    /// To every peer during init (the default).
+    /// connections and credits grow with the peers a process talks to (the default).
     #[default]
+    Lazy,
+    /// To every peer during init.
     Eager,
 }
 
@@ -122,6 +122,8 @@ pub mod limits {
     pub const NEWCOMER_CREDITS: (usize, usize) = (1, 1 << 16);
     /// `FMX_CREDIT_THRESHOLD`.
     pub const CREDIT_THRESHOLD: (usize, usize) = (1, 1 << 20);
+    /// `FMX_CONNECTION_SLOTS`: eager slots granted a connection made on demand.
+    pub const CONNECTION_SLOTS: (usize, usize) = (1, 1 << 16);
 }
 
 /// [`env_in`] with one of the [`limits`].

@@ -107,10 +107,12 @@ const fn renamed(
 pub const SETTINGS: &[Setting] = &[
     s("FMX_TRANSPORT", Kind::Choice(&["auto", "shm", "verbs", "ofi", "shm+verbs", "shm+ofi"]), "auto", Scope::Job,
       "Transport of the job: auto picks shm on one node and shm+verbs (else shm+ofi) across nodes"),
-    s("FMX_CONNECT", Kind::Choice(&["lazy", "eager"]), "eager (lazy is built for ofi)", Scope::Job,
+    s("FMX_CONNECT", Kind::Choice(&["lazy", "eager"]), "lazy", Scope::Job,
       "When network connections are made: lazy at the first message between two ranks, eager to every peer at init"),
     s("FMX_POOL_SLOTS", Kind::Count, "64", Scope::Job, "Eager receive slots per process, shared among its peers by FM's credits"),
     s("FMX_SLOT_BYTES", Kind::Bytes, "8192 (verbs, ofi)", Scope::Job, "Bytes per eager slot, header included: messages up to this size go eagerly"),
+    s("FMX_CONNECTION_SLOTS", Kind::Count, "8", Scope::Job,
+      "Connections made on demand: eager slots granted each new connection while FMX_POOL_SLOTS has room (beyond it, the newcomer credits)"),
     s("FMX_NEWCOMER_CREDITS", Kind::Count, "2", Scope::Job, "Credits a process grants a peer that has not yet spoken to it (FM's newcomer rule)"),
     s("FMX_CREDIT_THRESHOLD", Kind::Count, "half a peer's share", Scope::Job, "Consumed credits after which a receiver returns them explicitly"),
     s("FMX_CHECK", Kind::Choice(&["off", "none", "collectives"]), "off", Scope::Job, "collectives: check that every rank calls the same collective with matching arguments"),
