@@ -252,6 +252,11 @@ pub(crate) fn finalize_shared(sh: &std::rc::Rc<comm::Shared>) -> Result<()> {
     let watch = Box::new(move || {
         let sh = weak.upgrade()?;
         let mut e = sh.engine.try_borrow_mut().ok()?;
+        // With connections made on demand, a rank that waits for us may
+        // connect only now, to learn that we finalized: answer it.
+        if let Ok(mut lend) = sh.lend.try_borrow_mut() {
+            let _ = e.progress(&mut lend);
+        }
         e.dead_peer("finalizing (waiting for every rank to finish)")
     });
     let r = sh.boot.borrow_mut().finalize_watching(watch);

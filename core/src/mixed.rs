@@ -341,6 +341,7 @@ impl<L: Endpoint, N: Endpoint> Endpoint for Mixed<L, N> {
             eager_pool: a.eager_pool + b.eager_pool,
             per_peer: a.per_peer.max(b.per_peer),
             control: a.control + b.control,
+            first_contact: a.first_contact + b.first_contact,
             own: a.own + b.own,
             eager_resident: a.eager_resident + b.eager_resident,
         }

@@ -8,7 +8,7 @@ use std::rc::Rc;
 use std::time::{Duration, Instant};
 
 use super::launcher::Launcher;
-use super::pmi::SpawnRequest;
+use super::pmi::{SpawnRequest, Watch};
 use super::wire::{self, Notice, OP_ABORT, OP_ALLGATHER, OP_BARRIER, OP_ERROR, OP_FINALIZE, OP_HELLO, OP_NOTICE, OP_SPAWN};
 use crate::error::{Error, Result};
 use crate::failure::Failure;
@@ -30,6 +30,9 @@ pub(crate) struct Client {
     link: Rc<Link>,
     boot_timeout: Duration,
 }
+
+/// How often a finalize round asks its watch while fmxrun has not answered.
+const WATCH_EVERY: Duration = Duration::from_millis(50);
 
 /// The connection to fmxrun. Besides the rounds, fmxrun sends the job's
 /// first failure on it at any time ([`Link::failure`] looks, never waiting).
@@ -97,6 +100,13 @@ impl Client {
     /// others (finalize, spawn) wait for the slowest rank, however long it
     /// computes, since a failure anywhere ends them with a notice.
     fn round(&self, op: u8, body: &[u8], what: &str, startup: bool) -> Result<Vec<u8>> {
+        self.round_watching(op, body, what, startup, None)
+    }
+
+    /// [`Client::round`] that, while fmxrun has not answered, asks `watch`
+    /// every [`WATCH_EVERY`] whether to give up (and lets it progress the
+    /// transport: peers may need an answer from us to reach the same round).
+    fn round_watching(&self, op: u8, body: &[u8], what: &str, startup: bool, watch: Option<&mut Watch>) -> Result<Vec<u8>> {
         if let Some(f) = self.link.failure.borrow().as_ref() {
             return Err(f.error(&format!("the {what} round with fmxrun")));
         }
@@ -110,6 +120,23 @@ impl Client {
             Error::BootstrapIo { what: format!("{what} round with fmxrun: {hint}"), source }
         };
         wire::write_frame(&mut &self.link.stream, op, body).map_err(io)?;
+        if let Some(watch) = watch {
+            loop {
+                self.link.stream.set_read_timeout(Some(WATCH_EVERY)).map_err(io)?;
+                match self.link.stream.peek(&mut [0u8; 1]) {
+                    Ok(_) => break, // an answer, or the end: the read below says which
+                    Err(e)
+                        if matches!(
+                            e.kind(),
+                            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut | std::io::ErrorKind::Interrupted
+                        ) => {}
+                    Err(e) => return Err(io(e)),
+                }
+                if let Some(e) = watch() {
+                    return Err(e);
+                }
+            }
+        }
         let first_byte_by = startup.then(|| Instant::now() + self.boot_timeout);
         let (rop, reply) = wire::read_frame_by(&self.link.stream, first_byte_by, self.boot_timeout).map_err(io)?;
         match rop {
@@ -141,6 +168,11 @@ impl Client {
 
     pub(crate) fn finalize(&mut self) -> Result<()> {
         self.round(OP_FINALIZE, &[], "finalize", false).map(drop)
+    }
+
+    /// [`Client::finalize`], asking `watch` meanwhile.
+    pub(crate) fn finalize_watching(&mut self, mut watch: Watch) -> Result<()> {
+        self.round_watching(OP_FINALIZE, &[], "finalize", false, Some(&mut watch)).map(drop)
     }
 
     /// Tells fmxrun that this process is failing (best effort, never blocks
@@ -290,6 +322,9 @@ impl Launcher for Client {
     }
     fn finalize(&mut self) -> Result<()> {
         Client::finalize(self)
+    }
+    fn finalize_watching(&mut self, watch: Watch) -> Result<()> {
+        Client::finalize_watching(self, watch)
     }
     fn spawn(&mut self, _req: &SpawnRequest) -> Result<()> {
         Err(Error::Launch(

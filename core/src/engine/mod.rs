@@ -49,6 +49,11 @@ const SPIN_POLLS_OVERSUBSCRIBED: u32 = 2;
 const SPLIT_MIN: u64 = 128 << 10;
 /// How often a waiter that gets nothing checks whether its peers are alive.
 const LIVENESS_EVERY: Duration = Duration::from_millis(20);
+/// A wildcard receive waiting this long connects (on demand) to every
+/// member it could hear from ([`Engine::connect_waited_on`]): a member that
+/// finalized without a word to us must be reported, and a receive from any
+/// source has no one peer to ask first.
+const WILDCARD_CONNECTS_AFTER: Duration = Duration::from_secs(2);
 
 /// The send queue of `dest` for messages of `kind`.
 #[inline]
@@ -676,6 +681,7 @@ impl Engine {
                         return Ok(());
                     }
                 }
+                self.connect_waited_on(peer);
                 if let Some(state) = self.gone(peer) {
                     self.progress(lend)?;
                     if self.reqs.is_pending(id) {
@@ -686,6 +692,12 @@ impl Engine {
             }
             WaitsOn::AnyOf(members) => {
                 let me = self.me;
+                let since = self.reqs.get_mut(id).map(|r| *r.idle_since.get_or_insert_with(Instant::now));
+                if since.is_some_and(|s| s.elapsed() >= WILDCARD_CONNECTS_AFTER) {
+                    for &p in members.iter() {
+                        self.connect_waited_on(p);
+                    }
+                }
                 let reported = self.reqs.get(id).map(|r| r.reported.clone()).unwrap_or_default();
                 let newly =
                     members.iter().copied().filter(|&p| p != me && !reported.contains(&p)).find_map(|p| self.gone(p).map(|s| (p, s)));
@@ -705,6 +717,18 @@ impl Engine {
             }
         }
         Ok(())
+    }
+
+    /// A wait on `peer` idles: with connections made on demand, connect to
+    /// it. A peer that finalized without ever speaking to us tells us so
+    /// over the connection (its mailbox word), instead of leaving the wait
+    /// (and the finalize barrier the peer waits in) without end; a peer
+    /// still working will talk to us anyway, on the same connection.
+    fn connect_waited_on(&mut self, peer: u32) {
+        if peer != self.me && self.tp.connects_on_demand(peer) {
+            // A failure to connect shows as the peer gone.
+            let _ = self.tp.preconnect(peer);
+        }
     }
 
     /// Why an operation waiting on `waits_on` cannot complete now: the job's

@@ -80,6 +80,8 @@ pub(crate) struct Req {
     pub(crate) owned: Option<Vec<u8>>,
     /// Members a wildcard receive has reported departed (each once).
     pub(crate) reported: Vec<u32>,
+    /// When a liveness check first found the operation still waiting.
+    pub(crate) idle_since: Option<std::time::Instant>,
     /// A collective's receive: its context and tag.
     pub(crate) coll: Option<(u32, u32)>,
 }
@@ -105,6 +107,7 @@ impl Requests {
             r.buf = None;
             r.owned = None;
             r.reported.clear();
+            r.idle_since = None;
             r.coll = None;
             ReqId::new(idx, r.generation)
         } else {
@@ -120,6 +123,7 @@ impl Requests {
                 buf: None,
                 owned: None,
                 reported: Vec::new(),
+                idle_since: None,
                 coll: None,
             });
             ReqId::new(self.slots.len() as u32 - 1, 0)
