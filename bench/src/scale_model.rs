@@ -11,10 +11,12 @@
 //!   peer (`FMX_POOL_SLOTS`, default 64, must be raised past 64 peers) and
 //!   two control slots per peer; every rank's address carries a (QPN, PSN)
 //!   per rank, and every rank reads every address.
-//! - **fmx-lazy**, issue 18's design: one fixed address per rank; a queue
+//! - **fmx-lazy** (`FMX_CONNECT=lazy`): one fixed address per rank; a queue
 //!   pair, credits and control slots only toward the peers a rank talks to
 //!   (at most `degree`, all assumed off-node: the worst case); an address is
-//!   read when its peer is first contacted.
+//!   read when its peer is first contacted. Each connection is granted its
+//!   eager slots when it is made: `FMX_CONNECTION_SLOTS` (8) while the pool
+//!   (`FMX_POOL_SLOTS`) has room, then only the newcomer credits (2).
 //! - **RC all-to-all**, the classic MPI over RC: a queue pair and a
 //!   per-peer eager receive queue toward every other rank (Open MPI openib's
 //!   default `P,128,256,...`: 256 buffers of 128 B per peer).
@@ -66,6 +68,11 @@ pub struct Costs {
     pub pool_slots: u64,
     /// Control slots per connected peer (CTS, FIN).
     pub ctrl_slots: u64,
+    /// Lazily, the eager slots granted a connection while the pool has room (`FMX_CONNECTION_SLOTS`).
+    pub conn_slots: u64,
+    /// Lazily, the slots granted a connection beyond the pool: the newcomer
+    /// credits (`FMX_NEWCOMER_CREDITS`) a first message may use.
+    pub newcomer: u64,
     /// Bytes of a verbs address without its per-peer part.
     pub address_fixed: u64,
     /// Bytes per peer in an eager address: (QPN, PSN).
@@ -90,6 +97,8 @@ impl Costs {
         slot_bytes: 8 << 10,
         pool_slots: 64,
         ctrl_slots: 2,
+        conn_slots: 8,
+        newcomer: 2,
         address_fixed: 60,
         address_per_peer: 8,
         address_lazy: 68,
@@ -129,12 +138,13 @@ pub fn per_process(job: Job, mode: Mode, costs: &Costs) -> PerProcess {
     };
     let eager_bytes = match mode {
         Mode::RcAllToAll => qps * costs.rc_per_peer_bytes,
-        // The pool is cut into equal slices, one per connected peer (at
+        // The pool is cut into equal slices, one per peer of the job (at
         // least one slot each), as `CreditConfig::for_pool` does.
-        Mode::Eager | Mode::Lazy => {
+        Mode::Eager => {
             let pool = costs.pool_slots.checked_div(qps).map_or(0, |slice| slice.max(1) * qps);
             (pool + costs.ctrl_slots * qps) * costs.slot_bytes
         }
+        Mode::Lazy => (lazy_data_slots(qps, costs) + costs.ctrl_slots * qps) * costs.slot_bytes,
     };
     let (address, reads) = match mode {
         Mode::Lazy => (costs.address_lazy, contacted),
@@ -154,6 +164,16 @@ pub fn per_process(job: Job, mode: Mode, costs: &Costs) -> PerProcess {
         bootstrap_bytes: address * (1 + reads),
         first_message_us,
     }
+}
+
+/// Lazily, the eager data slots `conns` connections are granted, in the
+/// order they are made (`Grants::grant` in the RDMA core): a full slice
+/// each while the pool has room, the newcomer floor beyond it.
+fn lazy_data_slots(conns: u64, costs: &Costs) -> u64 {
+    let full = costs.conn_slots.min(costs.pool_slots).max(1);
+    let floor = costs.newcomer.clamp(1, full);
+    let whole = (costs.pool_slots / full).min(conns);
+    whole * full + (conns - whole) * floor
 }
 
 /// The table `fmx-perf scale-model` prints: every mode at each N.
@@ -247,12 +267,13 @@ pub fn main(a: &Args) -> Result<(), String> {
     Ok(())
 }
 
-/// Every rank compares its receive memory and its connections with the
-/// model's for the job's connection mode, and times its init; rank 0 prints
-/// one row. Eagerly every rank is connected to every other after init;
-/// lazily (`FMX_CONNECT=lazy`), to none. Eager memory is compared with the
-/// eager model in both modes: the pool is still sized at init (memory per
-/// connection is not built yet). Fails when a rank differs, naming it.
+/// Every rank times its init and counts its connections after it, then
+/// exchanges with its two ring neighbours (d = 2; one for N = 2) and
+/// compares its eager receive memory (`Fmx::receive_memory`: the granted
+/// data and control slots) and its connections with the model's for the
+/// job's mode (eagerly every peer from init on; lazily none after init and
+/// the d neighbours after the ring); rank 0 prints one row. Fails naming
+/// each rank that differs.
 fn measure() -> Result<(), String> {
     let t0 = std::time::Instant::now();
     let fmx = fmx::init().map_err(|e| e.to_string())?;
@@ -262,57 +283,88 @@ fn measure() -> Result<(), String> {
     if !(transport.starts_with("verbs") || transport.starts_with("ofi")) {
         return Err(format!("the scale model is of the RDMA transports; this job runs over {transport} (set FMX_TRANSPORT=verbs or ofi)"));
     }
-    let n = u64::from(w.size());
-    let lazy = (0..w.size()).any(|r| w.connects_on_demand(r).unwrap_or(false));
+    let (n, me) = (w.size(), w.rank());
+    let lazy = (0..n).any(|r| w.connects_on_demand(r).unwrap_or(false));
+    let after_init = fmx.connections().len() as u64;
+    let (right, left) = ((me + 1) % n, (me + n - 1) % n);
+    let mut got = [0u64; 1];
+    for (to, from) in [(right, left), (left, right)] {
+        w.sendrecv(&[u64::from(me)], to, 7, &mut got, from, 7).map_err(|e| e.to_string())?;
+        if got[0] != u64::from(from) {
+            return Err(format!("rank {me}: the ring exchange from rank {from} brought {}", got[0]));
+        }
+    }
     let m = fmx.receive_memory();
+    let conns = fmx.connections();
+    // Every rank has counted before any goes on to the allgather (whose
+    // messages would connect us to more peers): a token twice round the
+    // ring, over the ring's own connections.
+    if n > 1 {
+        let mut token = [0u8];
+        for _ in 0..2 {
+            let first = me == 0;
+            if first {
+                w.send(&token, right, 8).map_err(|e| e.to_string())?;
+            }
+            w.recv(&mut token, left, 8).map_err(|e| e.to_string())?;
+            if !first {
+                w.send(&token, right, 8).map_err(|e| e.to_string())?;
+            }
+        }
+    }
     let number = |var: &str, default: u64| std::env::var(var).ok().and_then(|v| v.parse().ok()).unwrap_or(default);
     let costs = Costs {
         slot_bytes: number("FMX_SLOT_BYTES", Costs::FMX.slot_bytes),
         pool_slots: number("FMX_POOL_SLOTS", Costs::FMX.pool_slots),
+        conn_slots: number("FMX_CONNECTION_SLOTS", Costs::FMX.conn_slots),
+        newcomer: number("FMX_NEWCOMER_CREDITS", Costs::FMX.newcomer),
         ..Costs::FMX
     };
-    let (mode, degree) = if lazy { (Mode::Lazy, 0) } else { (Mode::Eager, n - 1) };
-    let model = per_process(Job { ranks: n, per_node: 1, degree }, mode, &costs);
-    let memory = per_process(Job { ranks: n, per_node: 1, degree: n - 1 }, Mode::Eager, &costs).eager_bytes;
-    // Each rank's eager receive memory, its connections (Fmx::connections:
-    // queue pairs on verbs, libfabric connections on ofi), when its last
+    let n64 = u64::from(n);
+    let ring = if n == 2 { 1 } else { 2 };
+    let (mode, degree, at_init) = if lazy { (Mode::Lazy, ring, 0) } else { (Mode::Eager, n64 - 1, n64 - 1) };
+    let model = per_process(Job { ranks: n64, per_node: 1, degree }, mode, &costs);
+    // Each rank's eager receive memory, its connections after init and after
+    // the ring, the slots it set apart for first contacts, when its last
     // connection was ready and how long its init took, in microseconds.
-    let conns = fmx.connections();
     let last_us = conns.iter().map(|c| c.made_after.as_micros() as u64).max().unwrap_or(0);
-    let mine = [(m.eager_pool + m.control) as u64, conns.len() as u64, last_us, init_us];
-    let mut all = vec![0u64; 4 * n as usize];
+    const F: usize = 6;
+    let mine = [(m.eager_pool + m.control) as u64, after_init, conns.len() as u64, m.first_contact as u64, last_us, init_us];
+    let mut all = vec![0u64; F * n as usize];
     w.allgather(&mine, &mut all).map_err(|e| e.to_string())?;
-    let ranks: Vec<&[u64]> = all.chunks(4).collect();
+    let ranks: Vec<&[u64]> = all.chunks(F).collect();
     let differ = |i: usize, want: u64, unit: &str| -> Vec<String> {
         ranks.iter().enumerate().filter(|(_, v)| v[i] != want).map(|(r, v)| format!("rank {r}: {}{unit}", v[i])).collect()
     };
-    let (wrong_mem, wrong_qps) = (differ(0, memory, " B"), differ(1, model.queue_pairs, " connections"));
-    let shown = |wrong: &[String], want: String| if wrong.is_empty() { want } else { wrong.join(", ") };
-    if w.rank() == 0 {
+    let checks = [
+        (differ(0, model.eager_bytes, " B"), format!("{} B of eager receive memory after the ring", model.eager_bytes)),
+        (differ(1, at_init, " connections"), format!("{at_init} connections after init")),
+        (differ(2, model.queue_pairs, " connections"), format!("{} connections after the ring", model.queue_pairs)),
+    ];
+    let shown = |i: usize, want: String| if checks[i].0.is_empty() { want } else { checks[i].0.join(", ") };
+    if me == 0 {
         let slowest = |i: usize| ranks.iter().map(|v| v[i]).max().unwrap_or(0) as f64 / 1000.0;
-        println!("# scale model against this job ({transport}): per process");
+        println!("# scale model against this job ({transport}): per process, after init and a ring exchange (d = {degree})");
         println!(
-            "| N | mode | eager memory: model | measured (every rank) | connections after init: model | measured (every rank) | init took (slowest rank) | last connection ready |"
+            "| N | mode | eager memory: model | measured (every rank) | first-contact slots | connections after init: model | measured | after the ring: model | measured | init took (slowest rank) | last connection ready |"
         );
-        println!("|---:|---|---:|---:|---:|---:|---:|---:|");
+        println!("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
         println!(
-            "| {n} | {} | {memory} B | {} | {} | {} | {:.1} ms | {} |",
+            "| {n} | {} | {} B | {} | {} B | {at_init} | {} | {} | {} | {:.1} ms | {:.1} ms after init began |",
             mode.name(),
-            shown(&wrong_mem, format!("{memory} B")),
+            model.eager_bytes,
+            shown(0, format!("{} B", model.eager_bytes)),
+            ranks[0][3],
+            shown(1, at_init.to_string()),
             model.queue_pairs,
-            shown(&wrong_qps, model.queue_pairs.to_string()),
-            slowest(3),
-            if conns.is_empty() && model.queue_pairs == 0 { "none yet".to_owned() } else { format!("{:.1} ms into init", slowest(2)) }
+            shown(2, model.queue_pairs.to_string()),
+            slowest(5),
+            slowest(4),
         );
     }
     fmx.finalize().map_err(|e| e.to_string())?;
-    let mut wrong = Vec::new();
-    if !wrong_mem.is_empty() {
-        wrong.push(format!("{memory} B of eager receive memory per process, but {}", wrong_mem.join(", ")));
-    }
-    if !wrong_qps.is_empty() {
-        wrong.push(format!("{} connections per process after init, but {}", model.queue_pairs, wrong_qps.join(", ")));
-    }
+    let wrong: Vec<String> =
+        checks.iter().filter(|c| !c.0.is_empty()).map(|(who, want)| format!("{want} per process, but {}", who.join(", "))).collect();
     if wrong.is_empty() {
         Ok(())
     } else {
@@ -334,12 +386,24 @@ mod tests {
             let lazy = per_process(job, Mode::Lazy, &C);
             assert_eq!(eager.queue_pairs, n - 1);
             assert_eq!(lazy.queue_pairs, 6);
-            // Lazy: 6 slices of the 64-slot pool and 6 peers' control slots, whatever N.
-            assert_eq!(lazy.eager_bytes, (60 + 2 * 6) * 8192);
+            // Lazy: 6 connections' slices of 8 slots and their control slots, whatever N.
+            assert_eq!(lazy.eager_bytes, (6 * 8 + 2 * 6) * 8192);
             // Eager: a slot and two control slots per peer once past 64 peers.
             assert_eq!(eager.eager_bytes, (64 / (n - 1)).max(1) * (n - 1) * 8192 + 2 * (n - 1) * 8192);
             assert_eq!(lazy.bootstrap_bytes, 68 * 7);
         }
+    }
+
+    #[test]
+    fn lazy_grants_full_slices_while_the_pool_has_room_then_the_newcomer_floor() {
+        assert_eq!(lazy_data_slots(0, &C), 0);
+        assert_eq!(lazy_data_slots(8, &C), 64);
+        // The ninth connection finds the 64-slot pool granted: 2 slots.
+        assert_eq!(lazy_data_slots(9, &C), 66);
+        assert_eq!(lazy_data_slots(9_999, &C), 64 + 9_991 * 2);
+        // A connection slice beyond the pool is cut to it.
+        let small = Costs { pool_slots: 4, ..C };
+        assert_eq!(lazy_data_slots(3, &small), 4 + 2 * 2);
     }
 
     #[test]

@@ -249,6 +249,7 @@ pub(crate) fn finalize_shared(sh: &std::rc::Rc<comm::Shared>) -> Result<()> {
     drained?;
     // Ranks may finish long apart: the barrier waits, but not for a dead peer.
     let weak = std::rc::Rc::downgrade(sh);
+    let mut gone_since = None;
     let watch = Box::new(move || {
         let sh = weak.upgrade()?;
         let mut e = sh.engine.try_borrow_mut().ok()?;
@@ -257,12 +258,25 @@ pub(crate) fn finalize_shared(sh: &std::rc::Rc<comm::Shared>) -> Result<()> {
         if let Ok(mut lend) = sh.lend.try_borrow_mut() {
             let _ = e.progress(&mut lend);
         }
-        e.dead_peer("finalizing (waiting for every rank to finish)")
+        let Some(err) = e.dead_peer("finalizing (waiting for every rank to finish)") else {
+            gone_since = None;
+            return None;
+        };
+        // A rank that got the launcher's answer may have exited before ours
+        // came, and one never connected to us (on demand) had no word to
+        // say it finalized: it looks dead. The answer comes to every rank at
+        // once, so a peer still gone after the grace is really lost.
+        let since = *gone_since.get_or_insert_with(std::time::Instant::now);
+        (since.elapsed() >= FINALIZE_GRACE).then_some(err)
     });
     let r = sh.boot.borrow_mut().finalize_watching(watch);
     announced?;
     r
 }
+
+/// How long the finalize round goes on after its watch first found a peer
+/// gone (see [`finalize_shared`]).
+const FINALIZE_GRACE: std::time::Duration = std::time::Duration::from_millis(500);
 
 /// The exit code of a Rust panic, which the launcher is told when a rank panics.
 pub(crate) const PANIC_EXIT_CODE: i32 = 101;

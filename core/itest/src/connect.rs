@@ -36,6 +36,17 @@ fn network_peers(w: &Comm) -> Result<(Vec<u32>, bool), String> {
             lazy |= w.connects_on_demand(r).map_err(e2s)?;
         }
     }
+    // The mode asked for is the mode got (a transport that ignored
+    // FMX_CONNECT=lazy would pass every check below as eager).
+    let asked = std::env::var("FMX_CONNECT").ok();
+    if !routed.is_empty() {
+        if let Some(asked) = asked.as_deref().filter(|a| (*a == "lazy") != lazy) {
+            return Err(format!(
+                "rank {me}: FMX_CONNECT={asked}, but its network peers connect {}",
+                if lazy { "lazily" } else { "eagerly" }
+            ));
+        }
+    }
     if lazy || routed.is_empty() {
         return Ok((routed, lazy));
     }
@@ -89,6 +100,19 @@ pub fn sparse(fmx: &fmx::Fmx) -> R {
     }
     let m = fmx.receive_memory();
     println!("RECVMEM rank {me}: eager_pool={} per_peer={} control={} resident={}", m.eager_pool, m.per_peer, m.control, m.eager_resident);
+    // Lazily the eager memory is granted per connection: the two neighbours'
+    // slices, no more (over a pair of transports the node's shared memory
+    // adds a pool of its own: a network alone is checked).
+    if lazy && !have.is_empty() && !w.transport_name().contains('+') {
+        check!(
+            m.eager_pool > 0 && m.eager_pool <= have.len() * m.per_peer,
+            "with {} connections the eager pool is {} B, beyond {} slices of {} B",
+            have.len(),
+            m.eager_pool,
+            have.len(),
+            m.per_peer
+        );
+    }
     ring_barrier(w)?;
     let send: Vec<u64> = (0..n).map(|d| u64::from(me) << 32 | u64::from(d)).collect();
     let mut recv = vec![0u64; n as usize];

@@ -6,15 +6,24 @@
 use std::time::{Duration, Instant};
 
 use fmx_transport::rdma::EagerConfig;
+use fmx_transport::settings::ConnectMode;
 use fmx_transport::{Endpoint, MsgHeader, MsgKind, OpStatus, PeerState, RemoteKey, SendOutcome, TransportError};
 use fmx_verbs::{VerbsConfig, VerbsEndpoint, VerbsSetup};
 
 const NEEDS: &str = "needs an RDMA device: run by hw-tests/rxe-vm/run";
 
+/// Connected at creation (`FMX_CONNECT=eager`): the credit rule's exact outcomes.
 fn cfg(rank: u32, pool: u32, srq: bool) -> VerbsConfig {
     let base = VerbsConfig::from_env(rank, 2).unwrap();
-    let eager = EagerConfig { pool, newcomer: 1, threshold: Some(1), slot_bytes: 256, ..base.eager.clone() };
+    let eager =
+        EagerConfig { pool, newcomer: 1, threshold: Some(1), slot_bytes: 256, connect: Some(ConnectMode::Eager), ..base.eager.clone() };
     VerbsConfig { eager, srq, ..base }
+}
+
+/// Connected on demand (the default).
+fn lazy_cfg(rank: u32, srq: bool) -> VerbsConfig {
+    let c = cfg(rank, 16, srq);
+    VerbsConfig { eager: EagerConfig { connect: Some(ConnectMode::Lazy), ..c.eager }, ..c }
 }
 
 fn pair_with(a: VerbsConfig, b: VerbsConfig) -> (VerbsEndpoint, VerbsEndpoint) {
@@ -239,4 +248,38 @@ fn finalize_is_seen_by_the_peer() {
     assert_eq!(a.peer_state(1), PeerState::Alive);
     b.finalize().unwrap();
     until(&mut a, &mut b, |a, _| a.peer_state(1) == PeerState::Finalized);
+}
+
+/// On demand, nothing is connected or granted at creation; the first send
+/// makes the queue pairs (the UD handshake), is told "not now" until they
+/// are, then goes; each side then holds one connection and one grant.
+fn first_send_connects(srq: bool) {
+    let (mut a, mut b) = pair_with(lazy_cfg(0, srq), lazy_cfg(1, srq));
+    assert!(a.connections().is_empty() && b.connections().is_empty());
+    assert_eq!((a.receive_memory().eager_pool, b.receive_memory().eager_pool), (0, 0), "no grant before a connection");
+    let data = [3u8; 5];
+    assert_eq!(b.try_send(0, &eager(3, &data), &data).unwrap(), SendOutcome::Backpressure, "connecting");
+    until(&mut a, &mut b, |_, b| b.try_send(0, &eager(3, &data), &data).unwrap() == SendOutcome::Sent);
+    assert_eq!(drain(&mut a, 1), vec![(1, 3, data.to_vec())]);
+    // And back, over the same queue pairs (rank 0 may answer: rank 1 spoke).
+    until(&mut a, &mut b, |a, _| a.try_send(1, &eager(4, &data), &data).unwrap() == SendOutcome::Sent);
+    assert_eq!(drain(&mut b, 1), vec![(0, 4, data.to_vec())]);
+    for (ep, peer) in [(&a, 1), (&b, 0)] {
+        let conns = ep.connections();
+        assert_eq!(conns.iter().map(|c| c.peer).collect::<Vec<_>>(), vec![peer]);
+        let m = ep.receive_memory();
+        assert!(m.eager_pool > 0 && m.eager_pool <= m.per_peer, "one connection's grant: {m:?}");
+    }
+}
+
+#[test]
+#[ignore = "needs an RDMA device: run by hw-tests/rxe-vm/run"]
+fn on_demand_the_first_send_connects_on_a_shared_receive_queue() {
+    first_send_connects(true);
+}
+
+#[test]
+#[ignore = "needs an RDMA device: run by hw-tests/rxe-vm/run"]
+fn on_demand_the_first_send_connects_on_per_qp_receive_queues() {
+    first_send_connects(false);
 }
