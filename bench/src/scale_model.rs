@@ -328,11 +328,11 @@ fn measure() -> Result<(), String> {
     // the ring, the slots it set apart for first contacts, when its last
     // connection was ready and how long its init took, in microseconds.
     let last_us = conns.iter().map(|c| c.made_after.as_micros() as u64).max().unwrap_or(0);
-    const F: usize = 6;
     let mine = [(m.eager_pool + m.control) as u64, after_init, conns.len() as u64, m.first_contact as u64, last_us, init_us];
-    let mut all = vec![0u64; F * n as usize];
+    let fields = mine.len();
+    let mut all = vec![0u64; fields * n as usize];
     w.allgather(&mine, &mut all).map_err(|e| e.to_string())?;
-    let ranks: Vec<&[u64]> = all.chunks(F).collect();
+    let ranks: Vec<&[u64]> = all.chunks(fields).collect();
     let differ = |i: usize, want: u64, unit: &str| -> Vec<String> {
         ranks.iter().enumerate().filter(|(_, v)| v[i] != want).map(|(r, v)| format!("rank {r}: {}{unit}", v[i])).collect()
     };

@@ -22,7 +22,7 @@ const SENDS: usize = 16;
 const RECV_BYTES: usize = 128;
 const GRH_BYTES: usize = 40;
 const SEND_BYTES: usize = 64;
-/// The Q_Key of fmx's handshake datagrams: a datagram with another is dropped by the device.
+/// The `Q_Key` of fmx's handshake datagrams: a datagram with another is dropped by the device.
 const QKEY: u32 = 0x464d_5801;
 
 /// Where a peer's UD queue pair is.
