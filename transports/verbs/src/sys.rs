@@ -609,16 +609,29 @@ impl Qp {
                 w.wr.atomic = ffi::ibv_send_wr__bindgen_ty_2__bindgen_ty_2 { remote_addr, compare_add: add, swap: 0, rkey };
             }
         }
+        // SAFETY: WR and SGE live on this frame for the call; the buffers are
+        // the caller's promise.
+        unsafe { self.post_wr(&mut w, "ibv_post_send") }
+    }
+
+    /// Hands one send work request to the provider (what the static inline
+    /// `ibv_post_send` does: the provider's post_send from the context's op table).
+    ///
+    /// # Safety
+    /// `w` and what it points to (SGEs, address handle) live for the call
+    /// (the provider copies them, and inline data, before returning), and its
+    /// buffers as the request's kind requires until it completes.
+    #[inline]
+    unsafe fn post_wr(&self, w: &mut ffi::ibv_send_wr, what: &str) -> io::Result<()> {
         let mut bad = std::ptr::null_mut();
-        // SAFETY: the static inline ibv_post_send calls the provider's post_send
-        // from the context's op table; WR and SGE live on this frame for the
-        // call (the provider copies them, and inline data, before returning).
+        // SAFETY: the QP and its context are valid while `self` lives; the
+        // rest is the caller's promise.
         let rc = unsafe {
             let ctx = (*self.qp.as_ptr()).context;
             let post = (*ctx).ops.post_send.expect("provider has post_send");
-            post(self.qp.as_ptr(), &raw mut w, &raw mut bad)
+            post(self.qp.as_ptr(), w, &raw mut bad)
         };
-        check(rc, "ibv_post_send")
+        check(rc, what)
     }
 
     /// Sends one datagram from a UD queue pair, signaled.
@@ -639,15 +652,9 @@ impl Qp {
             ..Default::default()
         };
         w.wr.ud = ffi::ibv_send_wr__bindgen_ty_2__bindgen_ty_3 { ah: ah.ah.as_ptr(), remote_qpn, remote_qkey: qkey };
-        let mut bad = std::ptr::null_mut();
         // SAFETY: as in `post_send`; the address handle lives (it is borrowed) for the call,
         // and the provider keeps what it needs of it until the send completes.
-        let rc = unsafe {
-            let ctx = (*self.qp.as_ptr()).context;
-            let post = (*ctx).ops.post_send.expect("provider has post_send");
-            post(self.qp.as_ptr(), &raw mut w, &raw mut bad)
-        };
-        check(rc, "ibv_post_send(UD)")
+        unsafe { self.post_wr(&mut w, "ibv_post_send(UD)") }
     }
 
     /// Posts one receive on the QP's own receive queue (devices without SRQ).
