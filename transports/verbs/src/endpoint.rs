@@ -19,7 +19,7 @@ use fmx_transport::rdma::{
 };
 use fmx_transport::settings::env_number as env_num;
 use fmx_transport::settings::ConnectMode;
-use fmx_transport::{Arrival, PeerId, SendOutcome, TransportError, HEADER_BYTES};
+use fmx_transport::{Arrival, MsgHeader, MsgKind, PeerId, SendOutcome, TransportError, HEADER_BYTES};
 use memmap2::MmapMut;
 
 use crate::address::Address;
@@ -28,8 +28,10 @@ use crate::device::{choose, Chosen};
 use crate::slots::RecvRegions;
 use crate::sys::{ffi, Access, Cq, Mr, Pd, PeerPath, Qp, QpTiming, SendOp, SendWr, Srq};
 use crate::wireup::Wireup;
+use compact::{Imm, RecvDict, SendDict};
 use on_demand::OnDemand;
 
+mod compact;
 mod on_demand;
 use fmx_transport::liveness::host_identity;
 
@@ -132,6 +134,13 @@ pub struct Link {
     seq: u64,
     inflight: VecDeque<(u64, Inflight)>,
     unsignaled: u32,
+    /// The path MTU in bytes: eager messages the header would push into
+    /// one more packet carry it in immediate data instead.
+    mtu: usize,
+    /// Match bits the peer has filed for our compacted headers.
+    sent_headers: SendDict,
+    /// Match bits the peer taught us for its compacted headers.
+    heard_headers: RecvDict,
 }
 
 /// Our queue pairs exist; they are not connected yet. Publish
@@ -367,7 +376,16 @@ impl VerbsSetup {
                 life: PeerLife::new(a.pid, &a.host, &mine),
                 mailbox_addr: a.mailbox_addr + 8 * u64::from(me),
                 mailbox_key: u64::from(a.mailbox_rkey),
-                link: Link { qp, psn: first_psn(r), seq: 0, inflight: VecDeque::new(), unsignaled: 0 },
+                link: Link {
+                    qp,
+                    psn: first_psn(r),
+                    seq: 0,
+                    inflight: VecDeque::new(),
+                    unsignaled: 0,
+                    mtu: 128 << a.mtu.min(local_mtu),
+                    sent_headers: SendDict::default(),
+                    heard_headers: RecvDict::default(),
+                },
             }));
         }
         qpn_to_peer.sort_unstable();
@@ -398,6 +416,7 @@ impl VerbsSetup {
             // (rxe under emulation) must not outlive the ACK timeout.
             max_msg: (self.chosen.port_attr.max_msg_sz as usize).clamp(1 << 16, MAX_PIECE),
             device: self.chosen.ctx.name.clone(),
+            headers_in_immediate: 0,
             qpn_to_peer,
             ops: Operations::default(),
             memory,
@@ -465,6 +484,8 @@ pub struct VerbsEndpoint {
     max_inline: usize,
     max_msg: usize,
     device: String,
+    /// Eager messages sent with their header in immediate data.
+    headers_in_immediate: u64,
     qpn_to_peer: Vec<(u32, PeerId)>,
     ops: Operations,
     /// Owned registrations, exposures, bounce buffers.
@@ -528,6 +549,12 @@ impl VerbsEndpoint {
     /// Whether receive slots sit on a shared receive queue.
     pub fn uses_srq(&self) -> bool {
         self.srq.is_some()
+    }
+
+    /// Eager messages sent so far with their header in immediate data (a
+    /// payload the 32-byte header would push into one more packet).
+    pub fn headers_in_immediate(&self) -> u64 {
+        self.headers_in_immediate
     }
 
     /// The credit state toward `peer` (for tests and reports).
@@ -601,6 +628,66 @@ impl VerbsEndpoint {
             total += n;
             if n < CQ_BATCH {
                 return Ok(total);
+            }
+        }
+    }
+
+    /// A registered send buffer, reaping completions once if none is free.
+    fn send_buf(&mut self) -> Result<Option<Lease>, TransportError> {
+        if let Some(l) = self.send_pool.lease()? {
+            return Ok(Some(l));
+        }
+        self.reap_sends()?;
+        self.send_pool.lease()
+    }
+
+    /// An eager message with its header in immediate data (see `compact`):
+    /// the payload alone if the peer knows the match bits, else the whole
+    /// message with the index to file them under.
+    fn send_compacted(&mut self, peer: PeerId, header: &[u8; HEADER_BYTES], payload: &[u8]) -> Result<SendOutcome, TransportError> {
+        let bits = u64::from_le_bytes(header[8..16].try_into().expect("8 bytes"));
+        let (imm, teach) = match self.st.peers.alive(peer)?.link.sent_headers.lookup(bits) {
+            Ok(index) => (Imm::Compact { index, credits: u16::from_le_bytes([header[2], header[3]]), ctrl_credits: header[1] }, None),
+            Err(index) => (Imm::Learn { index }, Some(index)),
+        };
+        let Some(lease) = self.send_buf()? else { return Ok(SendOutcome::Backpressure) };
+        let b = self.send_pool.buf_mut(&lease);
+        let start = if teach.is_some() { HEADER_BYTES } else { 0 };
+        b[..start].copy_from_slice(&header[..start]);
+        b[start..start + payload.len()].copy_from_slice(payload);
+        let local = (b.as_ptr() as u64, (start + payload.len()) as u32, self.send_pool.handle(&lease).lkey());
+        self.post(peer, SendOp::SendImm(imm.encode()), local, false, Inflight::Slot(lease), false)?;
+        // Only a message that went out teaches: the peer files what it receives.
+        match teach {
+            Some(index) => self.st.peers.alive(peer)?.link.sent_headers.taught(index, bits),
+            None => self.headers_in_immediate += 1,
+        }
+        Ok(SendOutcome::Sent)
+    }
+
+    /// What a receive completion's immediate value says about the slot: the
+    /// length with the header (rebuilt in the slot for a compacted message)
+    /// and the index a learn message files its match bits under.
+    fn headerless(&mut self, peer: PeerId, slot: u64, wc: &ffi::ibv_wc) -> Result<(usize, Option<u8>), TransportError> {
+        let Some(raw) = wc.imm_data() else { return Ok((wc.len(), None)) };
+        let len = wc.len();
+        match Imm::decode(u32::from_be(raw)) {
+            None => Err(TransportError::Malformed { peer, what: "an immediate value fmx does not send" }),
+            Some(Imm::Learn { index }) => Ok((len, Some(index))),
+            Some(Imm::Compact { index, credits, ctrl_credits }) => {
+                let Some(match_bits) = self.st.peers.alive(peer)?.link.heard_headers.get(index) else {
+                    return Err(TransportError::Malformed { peer, what: "a compacted header naming an entry its sender never taught" });
+                };
+                let header = MsgHeader {
+                    kind: MsgKind::Eager,
+                    credits,
+                    ctrl_credits,
+                    payload_len: len as u32,
+                    match_bits,
+                    len: len as u64,
+                    cookie: 0,
+                };
+                Ok((self.st.restore_header(peer, slot, len, &header)?, None))
             }
         }
     }
@@ -691,6 +778,10 @@ impl RdmaDevice for VerbsEndpoint {
         if !self.ready(peer)? || !self.sq_room(peer)? {
             return Ok(SendOutcome::Backpressure);
         }
+        let compact = header[0] == MsgKind::Eager as u8 && header[24..32] == [0; 8];
+        if compact && compact::saves_a_packet(payload.len(), self.st.peers.alive(peer)?.link.mtu) {
+            return self.send_compacted(peer, header, payload);
+        }
         if len <= self.max_inline.min(INLINE_BUF) {
             let mut buf = [0u8; INLINE_BUF];
             buf[..HEADER_BYTES].copy_from_slice(header);
@@ -698,16 +789,7 @@ impl RdmaDevice for VerbsEndpoint {
             self.post(peer, SendOp::Send, (buf.as_ptr() as u64, len as u32, 0), true, Inflight::Nothing, false)?;
             return Ok(SendOutcome::Sent);
         }
-        let lease = match self.send_pool.lease()? {
-            Some(l) => l,
-            None => {
-                self.reap_sends()?;
-                match self.send_pool.lease()? {
-                    Some(l) => l,
-                    None => return Ok(SendOutcome::Backpressure),
-                }
-            }
-        };
+        let Some(lease) = self.send_buf()? else { return Ok(SendOutcome::Backpressure) };
         let b = self.send_pool.buf_mut(&lease);
         b[..HEADER_BYTES].copy_from_slice(header);
         b[HEADER_BYTES..len].copy_from_slice(payload);
@@ -748,7 +830,11 @@ impl RdmaDevice for VerbsEndpoint {
                 if let Some(od) = self.on_demand.as_deref_mut() {
                     od.wire.on_arrival(peer);
                 }
-                let a = self.st.arrive(peer, slot as u64, wc.len(), "undecodable header in a verbs receive slot")?;
+                let (len, learned) = self.headerless(peer, slot as u64, wc)?;
+                let a = self.st.arrive(peer, slot as u64, len, "undecodable header in a verbs receive slot")?;
+                if let Some(index) = learned {
+                    self.st.peers.alive(peer)?.link.heard_headers.learn(index, a.header.match_bits);
+                }
                 if RdmaState::<Link>::for_core(&a) {
                     out.push(a);
                     n += 1;

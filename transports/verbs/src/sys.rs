@@ -385,6 +385,8 @@ pub(crate) struct SendWr {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum SendOp {
     Send,
+    /// A SEND whose completion at the peer carries this 32-bit value.
+    SendImm(u32),
     Write {
         remote_addr: u64,
         rkey: u32,
@@ -596,6 +598,11 @@ impl Qp {
         };
         match wr.opcode {
             SendOp::Send => w.opcode = ffi::ibv_wr_opcode::IBV_WR_SEND,
+            SendOp::SendImm(imm) => {
+                w.opcode = ffi::ibv_wr_opcode::IBV_WR_SEND_WITH_IMM;
+                // Network byte order on the wire; the receiver reverses it.
+                w.__bindgen_anon_1.imm_data = imm.to_be();
+            }
             SendOp::Write { remote_addr, rkey } => {
                 w.opcode = ffi::ibv_wr_opcode::IBV_WR_RDMA_WRITE;
                 w.wr.rdma = ffi::ibv_send_wr__bindgen_ty_2__bindgen_ty_1 { remote_addr, rkey };

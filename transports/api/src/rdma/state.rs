@@ -292,6 +292,25 @@ impl<L> RdmaState<L> {
         Ok(Arrival { peer, header, slot, len: len - HEADER_BYTES })
     }
 
+    /// A message of `len` payload bytes that arrived in slot `slot` without
+    /// its header (a device carried the header outside the slot, in
+    /// immediate data): moves the payload to where a header-led message
+    /// keeps it and writes `header` before it, so that [`RdmaState::arrive`]
+    /// reads it like any other. Returns the length with the header.
+    pub fn restore_header(&mut self, peer: PeerId, slot: u64, len: usize, header: &MsgHeader) -> Result<usize, TransportError> {
+        let start = slot as usize * self.slot_bytes;
+        if len + HEADER_BYTES > self.slot_bytes {
+            return Err(TransportError::Malformed { peer, what: "a headerless message too long for its slot" });
+        }
+        let bytes = self
+            .recv
+            .get_mut(start..start + HEADER_BYTES + len)
+            .ok_or(TransportError::Malformed { peer, what: "a receive beyond the slots" })?;
+        bytes.copy_within(..len, HEADER_BYTES);
+        header.encode((&mut bytes[..HEADER_BYTES]).try_into().expect("header bytes"));
+        Ok(len + HEADER_BYTES)
+    }
+
     /// Whether the core sees `arrival` (else the device releases it at once).
     pub fn for_core(arrival: &Arrival) -> bool {
         !matches!(arrival.header.kind, MsgKind::Credit | MsgKind::Internal)
