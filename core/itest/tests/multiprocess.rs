@@ -127,6 +127,19 @@ fn oversubscribed_ring_makes_progress() {
     assert_eq!(o.lines.iter().filter(|(_, _, l)| l.starts_with("RING n=8")).count(), 8);
 }
 
+/// `FMX_SPIN_POLLS`: waits that yield after every empty poll (4 ranks) or
+/// spin a million polls first (2 ranks, a core each) both complete; 0 is
+/// refused at init, naming the variable and its range.
+#[test]
+fn spin_polls_at_both_extremes_work_and_zero_is_refused() {
+    run_ok_env(4, "ring", &[("FMX_SPIN_POLLS", "1")]);
+    run_ok_env(2, "ring", &[("FMX_SPIN_POLLS", "1000000")]);
+    let (o, _) = launch_env(2, "zero", &[("FMX_SPIN_POLLS", "0")]);
+    assert_ne!(o.code, 0, "{}", dump(&o));
+    let named = |l: &str| l.contains("FMX_SPIN_POLLS") && l.contains("out of range: allowed 1 to 1073741824");
+    assert!(o.lines.iter().any(|(_, e, l)| *e && named(l)), "{}", dump(&o));
+}
+
 #[test]
 fn a_dead_rank_is_named_by_the_others_within_10_s() {
     let mut l = launcher(3, "early-exit", &[]);

@@ -181,6 +181,15 @@ impl Engine {
         }
     }
 
+    /// Empty polls a wait spins before it starts yielding the core
+    /// (`FMX_SPIN_POLLS`; `None` keeps the default for the host's load).
+    pub(crate) fn with_spin_polls(mut self, polls: Option<u32>) -> Self {
+        if let Some(p) = polls {
+            self.spin_polls = p;
+        }
+        self
+    }
+
     /// Sets what runs while a wait idles (see `on_idle`).
     pub(crate) fn set_idle_hook(&mut self, hook: fn()) {
         self.on_idle = Some(hook);

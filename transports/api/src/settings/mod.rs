@@ -124,6 +124,8 @@ pub mod limits {
     pub const CREDIT_THRESHOLD: (usize, usize) = (1, 1 << 20);
     /// `FMX_CONNECTION_SLOTS`: eager slots granted a connection made on demand.
     pub const CONNECTION_SLOTS: (usize, usize) = (1, 1 << 16);
+    /// `FMX_SPIN_POLLS`: empty polls before a wait yields the core.
+    pub const SPIN_POLLS: (usize, usize) = (1, 1 << 30);
 }
 
 /// [`env_in`] with one of the [`limits`].

@@ -113,6 +113,8 @@ pub const SETTINGS: &[Setting] = &[
     s("FMX_SLOT_BYTES", Kind::Bytes, "8192 (verbs, ofi)", Scope::Job, "Bytes per eager slot, header included: messages up to this size go eagerly"),
     s("FMX_CONNECTION_SLOTS", Kind::Count, "8", Scope::Job,
       "Connections made on demand: eager slots granted each new connection while FMX_POOL_SLOTS has room (beyond it, the newcomer credits)"),
+    s("FMX_SPIN_POLLS", Kind::Count, "128 (2 with more ranks on the host than cores)", Scope::Job,
+      "Empty polls a waiting call spins before it starts yielding the core between polls"),
     s("FMX_NEWCOMER_CREDITS", Kind::Count, "2", Scope::Job, "Credits a process grants a peer that has not yet spoken to it (FM's newcomer rule)"),
     s("FMX_CREDIT_THRESHOLD", Kind::Count, "half a peer's share", Scope::Job, "Consumed credits after which a receiver returns them explicitly"),
     s("FMX_CHECK", Kind::Choice(&["off", "none", "collectives"]), "off", Scope::Job, "collectives: check that every rank calls the same collective with matching arguments"),
