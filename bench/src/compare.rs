@@ -4,7 +4,12 @@
 //! (Debian's mpich and openmpi-bin), runs the same OSU-methodology latency
 //! and bandwidth sweeps under `mpiexec.hydra -bind-to core` and Open MPI
 //! (`--mca pml ob1 --mca btl self,vader`, bound to cores), runs fmx-perf's
-//! own two pinned ranks, and prints one table with the ratios. With
+//! own two pinned ranks, and prints one table with the ratios. One run is
+//! one sample on a shared machine (the same binary moves 2-3x with vCPU
+//! placement), so every side runs `--reps` times, interleaved (fmx, MPICH,
+//! Open MPI, fmx, ...), and each cell is the median with the range. Each
+//! round also hands one cache line between two pinned cores (`fmx-perf
+//! limits`), the floor the smallest latency is held against. With
 //! `--update-readme FILE` the table replaces the block between
 //! `<!-- perf-table:begin -->` and `<!-- perf-table:end -->`.
 
@@ -28,7 +33,40 @@ fn peer_sweep(mpi: Mpi, bin: &std::path::Path, test: &str, max: usize) -> Result
     crate::peers::run(c.arg(bin).args([test, &max.to_string()]))
 }
 
+/// Every run's figure per (test, size): (who, value), one entry per round.
 type Table = BTreeMap<(&'static str, usize), Vec<(String, f64)>>;
+
+/// (median, lowest, highest) of `v` (not empty).
+fn spread(v: &mut [f64]) -> (f64, f64, f64) {
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    let m = if n % 2 == 1 { v[n / 2] } else { (v[n / 2 - 1] + v[n / 2]) / 2.0 };
+    (m, v[0], v[n - 1])
+}
+
+/// Per (test, size) and side: the median and range of its rounds, in the
+/// order the sides first appear.
+fn medians(table: &Table) -> BTreeMap<(&'static str, usize), Vec<(String, (f64, f64, f64))>> {
+    table
+        .iter()
+        .map(|(k, vals)| {
+            let mut who: Vec<&String> = Vec::new();
+            for (w, _) in vals {
+                if !who.contains(&w) {
+                    who.push(w);
+                }
+            }
+            let cells = who
+                .into_iter()
+                .map(|w| {
+                    let mut v: Vec<f64> = vals.iter().filter(|(x, _)| x == w).map(|(_, v)| *v).collect();
+                    (w.clone(), spread(&mut v))
+                })
+                .collect();
+            (*k, cells)
+        })
+        .collect()
+}
 
 fn record(table: &mut Table, test: &'static str, who: &str, rows: &[(usize, f64)], sizes: &[usize]) {
     for &(size, value) in rows.iter().filter(|r| sizes.contains(&r.0)) {
@@ -63,7 +101,7 @@ pub struct Args {
     /// Instead: the message rate (mbw_mr, window 64) at the first of --sizes with 1 and 2 pairs, fmx beside each peer
     #[arg(long, conflicts_with_all = ["tail", "json"])]
     pub rate: bool,
-    /// Interleaved runs per side for --tail and --rate (medians and ranges are shown)
+    /// Interleaved runs per side (medians and ranges are shown)
     #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u64).range(1..))]
     pub reps: u64,
     /// Timed round trips per run for --tail
@@ -160,38 +198,52 @@ pub fn main(a: &Args) -> Result<(), String> {
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
     let mut table = Table::new();
     let mut names = vec!["fmx".to_owned()];
-    // Every sweep, for --plot: (who, test, rows).
+    // Every sweep, for --plot: (who, test, rows) of the first round.
     let mut curves: Vec<(String, &str, Vec<(usize, f64)>)> = Vec::new();
-    let mut progress = crate::progress::Progress::for_steps(6, "fmx-perf compare");
-    for test in ["latency", "bw"] {
-        progress.step(format!("fmx {test}"));
-        let out = crate::peers::run(Command::new(&exe).args([test, "--max-size", &max.to_string()]))?;
-        record(&mut table, test, "fmx", &parse_osu(&out), &sizes);
-        curves.push(("fmx".into(), test, parse_osu(&out)));
-        progress.inc();
-    }
     let mut missing = Vec::new();
     let mut versions = Vec::new();
+    let mut built = Vec::new();
     if peers {
         for mpi in Mpi::ALL {
             // A peer that is not installed is listed with the reason; the others still run.
-            let bin = match mpi.build("osu_peer", &["-Wno-stringop-overflow"]) {
-                Ok(b) => b,
-                Err(e) => {
-                    missing.push(e);
-                    continue;
+            match mpi.build("osu_peer", &["-Wno-stringop-overflow"]) {
+                Ok(b) => {
+                    built.push((mpi, b));
+                    names.push(mpi.name().to_owned());
+                    versions.push((mpi.name().to_owned(), mpi.version()));
                 }
-            };
+                Err(e) => missing.push(e),
+            }
+        }
+    }
+    let mut handoffs = Vec::new();
+    let steps = a.reps as usize * (2 * (1 + built.len()) + 1);
+    let mut progress = crate::progress::Progress::for_steps(steps, "fmx-perf compare");
+    for round in 0..a.reps {
+        for test in ["latency", "bw"] {
+            progress.step(format!("round {} of {}: fmx {test}", round + 1, a.reps));
+            let out = crate::peers::run(Command::new(&exe).args([test, "--max-size", &max.to_string()]))?;
+            record(&mut table, test, "fmx", &parse_osu(&out), &sizes);
+            if round == 0 {
+                curves.push(("fmx".into(), test, parse_osu(&out)));
+            }
+            progress.inc();
+        }
+        for (mpi, bin) in &built {
             for test in ["latency", "bw"] {
-                progress.step(format!("{} {test}", mpi.name()));
-                let rows = parse_osu(&peer_sweep(mpi, &bin, test, max)?);
+                progress.step(format!("round {} of {}: {} {test}", round + 1, a.reps, mpi.name()));
+                let rows = parse_osu(&peer_sweep(*mpi, bin, test, max)?);
                 progress.inc();
                 record(&mut table, test, mpi.name(), &rows, &sizes);
-                curves.push((mpi.name().into(), test, rows));
+                if round == 0 {
+                    curves.push((mpi.name().into(), test, rows));
+                }
             }
-            names.push(mpi.name().to_owned());
-            versions.push((mpi.name().to_owned(), mpi.version()));
         }
+        progress.step(format!("round {} of {}: the cache-line floor", round + 1, a.reps));
+        let budget = Some(std::time::Duration::from_millis(300));
+        handoffs.extend((0..3).map(|_| crate::limits::handoff_ns_within(100_000, budget)));
+        progress.inc();
     }
     drop(progress);
     if a.json {
@@ -199,7 +251,8 @@ pub fn main(a: &Args) -> Result<(), String> {
         println!();
         return plot_if_asked(a, &curves);
     }
-    let mut text = render(&table, &names);
+    let mut text = render(&table, &names, a.reps);
+    text.push_str(&against_targets(&table, &names, &handoffs));
     if !versions.is_empty() {
         let peers: Vec<String> = versions.iter().map(|(n, v)| format!("{n} {v}")).collect();
         text.push_str(&format!("\nPeers: {}; fmx {}.\n", peers.join(", "), crate::cli::VERSION));
@@ -235,16 +288,17 @@ fn json_report(
     curves: &Curves<'_>,
 ) -> Result<crate::compare_json::Report, String> {
     use crate::compare_json::{ratio, Meta, Peer, Report, Row, Sweep};
-    let results = table
-        .iter()
+    // Each side's median over the rounds.
+    let results = medians(table)
+        .into_iter()
         .filter_map(|((test, size), vals)| {
-            let fmx = vals.iter().find(|(w, _)| w == "fmx")?.1;
+            let fmx = vals.iter().find(|(w, _)| w == "fmx")?.1 .0;
             let fmx_ratio = names[1..]
                 .iter()
-                .filter_map(|p| vals.iter().find(|(w, _)| w == p).map(|(_, v)| (p.clone(), ratio(test, fmx, *v))))
+                .filter_map(|p| vals.iter().find(|(w, _)| w == p).map(|(_, v)| (p.clone(), ratio(test, fmx, v.0))))
                 .collect();
-            let unit = if *test == "latency" { "us" } else { "MB/s" };
-            Some(Row { test, size: *size, unit, values: vals.iter().cloned().collect(), fmx_ratio })
+            let unit = if test == "latency" { "us" } else { "MB/s" };
+            Some(Row { test, size, unit, values: vals.into_iter().map(|(w, v)| (w, v.0)).collect(), fmx_ratio })
         })
         .collect();
     Ok(Report {
@@ -270,9 +324,9 @@ fn json_report(
     })
 }
 
-fn render(table: &Table, names: &[String]) -> String {
+fn render(table: &Table, names: &[String], reps: u64) -> String {
     let peers = &names[1..];
-    let mut s = String::from("| test | size | fmx |");
+    let mut s = format!("{reps} interleaved runs per side: median [range].\n\n| test | size | fmx |");
     for p in peers {
         s.push_str(&format!(" {p} | fmx vs {p} |"));
     }
@@ -281,24 +335,59 @@ fn render(table: &Table, names: &[String]) -> String {
         s.push_str("---:|---:|");
     }
     s.push('\n');
-    for ((test, size), vals) in table {
+    let cell = |(m, lo, hi): (f64, f64, f64)| format!("{m:.2} [{lo:.2}-{hi:.2}]");
+    for ((test, size), vals) in medians(table) {
         let get = |who: &str| vals.iter().find(|(w, _)| w == who).map(|v| v.1);
-        let unit = if *test == "latency" { "us" } else { "MB/s" };
+        let unit = if test == "latency" { "us" } else { "MB/s" };
         let Some(f) = get("fmx") else { continue };
-        s.push_str(&format!("| {test} ({unit}) | {} | {f:.2} |", human(*size)));
+        s.push_str(&format!("| {test} ({unit}) | {} | {} |", human(size), cell(f)));
         for p in peers {
             match get(p) {
-                // Ratio > 1 means fmx is better: peer/fmx for latency, fmx/peer for bandwidth.
+                // Ratio > 1 means fmx is better: peer/fmx for latency, fmx/peer for bandwidth (medians).
                 Some(v) => {
-                    let ratio = if *test == "latency" { v / f } else { f / v };
-                    s.push_str(&format!(" {v:.2} | {ratio:.2}x |"));
+                    let ratio = if test == "latency" { v.0 / f.0 } else { f.0 / v.0 };
+                    s.push_str(&format!(" {} | {ratio:.2}x |", cell(v)));
                 }
                 None => s.push_str(" – | – |"),
             }
         }
         s.push('\n');
     }
-    s.push_str("\nRatios above 1 mean fmx is better (peer latency / fmx latency; fmx bandwidth / peer bandwidth).\n");
+    s.push_str("\nRatios above 1 mean fmx is better (peer latency / fmx latency; fmx bandwidth / peer bandwidth), of the medians.\n");
+    s
+}
+
+/// The smallest size's latency against issue 21's two targets: at most 0.9x
+/// the better peer's, and at most 3x one cache-line handoff (the best of
+/// this comparison's rounds: a floor is what the hardware can do).
+fn against_targets(table: &Table, names: &[String], handoffs: &[f64]) -> String {
+    let med = medians(table);
+    let Some(((_, size), vals)) = med.iter().find(|((t, _), _)| *t == "latency") else { return String::new() };
+    let Some(fmx) = vals.iter().find(|(w, _)| w == "fmx").map(|v| v.1 .0) else { return String::new() };
+    let mut s = String::new();
+    let best = names[1..].iter().filter_map(|p| vals.iter().find(|(w, _)| w == p)).min_by(|a, b| a.1 .0.total_cmp(&b.1 .0));
+    let met = |ok: bool| if ok { "met" } else { "not met" };
+    if let Some((who, v)) = best {
+        let r = fmx / v.0;
+        s.push_str(&format!(
+            "\n{} latency: fmx {fmx:.2} us is {r:.2}x the better peer's ({who}, {:.2} us); target at most 0.9x: {}.\n",
+            human(*size),
+            v.0,
+            met(r <= 0.9)
+        ));
+    }
+    if let Some(floor) = handoffs.iter().copied().min_by(f64::total_cmp) {
+        let r = fmx * 1000.0 / floor;
+        let mut h = handoffs.to_vec();
+        let (m, _, hi) = spread(&mut h);
+        s.push_str(&format!(
+            "{} latency: fmx is {r:.2}x one cache-line handoff between cores 0 and 1 ({floor:.1} ns, the best of {} runs; median \
+             {m:.1}, worst {hi:.1}); target at most 3x: {}.\n",
+            human(*size),
+            handoffs.len(),
+            met(r <= 3.0)
+        ));
+    }
     s
 }
 

@@ -25,11 +25,19 @@ pub struct Args {
 #[repr(align(128))]
 struct Line(AtomicU64);
 
-/// Waits until `line` holds `want`; yields now and then so that two
-/// threads on an oversubscribed host still make progress.
-fn wait_for(line: &Line, want: u64) {
+/// Written into the line instead of the next count: the run is over.
+const STOP: u64 = u64::MAX;
+
+/// Waits until `line` holds `want` (false: it holds [`STOP`]); yields now
+/// and then so that two threads on an oversubscribed host still make progress.
+fn wait_for(line: &Line, want: u64) -> bool {
     let mut spins = 0u32;
-    while line.0.load(Ordering::Acquire) != want {
+    loop {
+        match line.0.load(Ordering::Acquire) {
+            v if v == want => return true,
+            STOP => return false,
+            _ => {}
+        }
         spins += 1;
         if spins % 4096 == 0 {
             std::thread::yield_now();
@@ -42,22 +50,38 @@ fn wait_for(line: &Line, want: u64) {
 /// Nanoseconds one handoff of a cache line takes between cores 0 and 1
 /// (half a round trip), over `round_trips`.
 pub fn handoff_ns(round_trips: u64) -> f64 {
+    handoff_ns_within(round_trips, None)
+}
+
+/// [`handoff_ns`], ending early once `budget` has passed (checked every
+/// 256 round trips): on a host whose cores are busy each handoff may wait
+/// for a time slice, and a fixed count could take minutes.
+pub fn handoff_ns_within(round_trips: u64, budget: Option<std::time::Duration>) -> f64 {
     let line = Line(AtomicU64::new(0));
     std::thread::scope(|s| {
         s.spawn(|| {
             crate::peers::pin(1);
             for i in 0..round_trips {
-                wait_for(&line, 2 * i + 1);
+                if !wait_for(&line, 2 * i + 1) {
+                    return;
+                }
                 line.0.store(2 * i + 2, Ordering::Release);
             }
         });
         crate::peers::pin(0);
         let t = Instant::now();
+        let mut done = round_trips;
         for i in 0..round_trips {
+            if i > 0 && i % 256 == 0 && budget.is_some_and(|b| t.elapsed() > b) {
+                // The partner waits for 2i + 1: it reads the stop instead.
+                line.0.store(STOP, Ordering::Release);
+                done = i;
+                break;
+            }
             line.0.store(2 * i + 1, Ordering::Release);
             wait_for(&line, 2 * i + 2);
         }
-        t.elapsed().as_secs_f64() * 1e9 / (2.0 * round_trips as f64)
+        t.elapsed().as_secs_f64() * 1e9 / (2.0 * done as f64)
     })
 }
 
@@ -129,6 +153,10 @@ mod tests {
         // Two threads really hand the line back and forth (a broken wait would hang or return 0).
         let ns = super::handoff_ns(2000);
         assert!(ns.is_finite() && ns > 0.0, "{ns}");
+        // A budget ends a long run early, and the partner thread with it (no hang).
+        let t = std::time::Instant::now();
+        let ns = super::handoff_ns_within(u64::MAX / 4, Some(std::time::Duration::from_millis(50)));
+        assert!(ns.is_finite() && ns > 0.0 && t.elapsed() < std::time::Duration::from_secs(30), "{ns}");
         let (src, mut dst) = (vec![5u8; 4096], vec![0u8; 4096]);
         assert!(super::memcpy_mbps(&src, &mut dst, 4096) > 0.0);
         assert_eq!(dst, src, "the copy really happened");

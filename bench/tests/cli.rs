@@ -274,7 +274,7 @@ fn under_a_launcher_the_pair_is_the_launchers_ranks_and_is_named() {
 /// metadata, a row per test and size, and every sweep.
 #[test]
 fn compare_json_is_one_valid_document() {
-    let o = perf(&["compare", "--json", "--no-peers", "--sizes", "8"]);
+    let o = perf(&["compare", "--json", "--no-peers", "--sizes", "8", "--reps", "2"]);
     assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("{e}: {}", text(&o.stdout)));
     assert_eq!(v["meta"]["tool"], "fmx-perf compare");
@@ -290,6 +290,26 @@ fn compare_json_is_one_valid_document() {
     let sweeps = v["sweeps"].as_array().expect("sweeps");
     assert_eq!(sweeps.len(), 2, "{v}");
     assert!(sweeps.iter().all(|s| s["who"] == "fmx" && s["points"].as_array().is_some_and(|p| p.len() == 4)), "{v}");
+}
+
+/// `compare` runs every side `--reps` times and shows each cell as the
+/// median with its range; the smallest latency is held against one
+/// cache-line handoff measured in the same run.
+#[test]
+fn compare_shows_medians_of_interleaved_runs_and_the_floor() {
+    let o = perf(&["compare", "--no-peers", "--sizes", "8", "--reps", "3"]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+    let out = text(&o.stdout);
+    assert!(out.contains("3 interleaved runs per side: median [range]."), "{out}");
+    let row = out.lines().find(|l| l.starts_with("| latency (us) | 8 B | ")).unwrap_or_else(|| panic!("no 8 B latency row:\n{out}"));
+    // "| latency (us) | 8 B | 0.21 [0.19-0.40] |": the median lies within its range.
+    let cell = row.split('|').nth(3).unwrap().trim();
+    let nums: Vec<f64> = cell.split(|c: char| c == ' ' || c == '[' || c == ']' || c == '-').filter_map(|x| x.parse().ok()).collect();
+    assert_eq!(nums.len(), 3, "{row}");
+    assert!(nums[1] <= nums[0] && nums[0] <= nums[2] && nums[1] > 0.0, "{row}");
+    let floor = out.lines().find(|l| l.starts_with("8 B latency: fmx is ")).unwrap_or_else(|| panic!("no floor line:\n{out}"));
+    assert!(floor.contains("one cache-line handoff between cores 0 and 1") && floor.contains("the best of 9 runs"), "{floor}");
+    assert!(floor.ends_with("target at most 3x: met.") || floor.ends_with("target at most 3x: not met."), "{floor}");
 }
 
 #[test]
