@@ -68,20 +68,26 @@ pub fn handoff_ns_within(round_trips: u64, budget: Option<std::time::Duration>) 
                 line.0.store(2 * i + 2, Ordering::Release);
             }
         });
-        crate::peers::pin(0);
-        let t = Instant::now();
-        let mut done = round_trips;
-        for i in 0..round_trips {
-            if i > 0 && i % 256 == 0 && budget.is_some_and(|b| t.elapsed() > b) {
-                // The partner waits for 2i + 1: it reads the stop instead.
-                line.0.store(STOP, Ordering::Release);
-                done = i;
-                break;
+        // The timing side is a thread of its own too: pinning the caller
+        // would leave it (and every process it starts later) on core 0.
+        s.spawn(|| {
+            crate::peers::pin(0);
+            let t = Instant::now();
+            let mut done = round_trips;
+            for i in 0..round_trips {
+                if i > 0 && i % 256 == 0 && budget.is_some_and(|b| t.elapsed() > b) {
+                    // The partner waits for 2i + 1: it reads the stop instead.
+                    line.0.store(STOP, Ordering::Release);
+                    done = i;
+                    break;
+                }
+                line.0.store(2 * i + 1, Ordering::Release);
+                wait_for(&line, 2 * i + 2);
             }
-            line.0.store(2 * i + 1, Ordering::Release);
-            wait_for(&line, 2 * i + 2);
-        }
-        t.elapsed().as_secs_f64() * 1e9 / (2.0 * done as f64)
+            t.elapsed().as_secs_f64() * 1e9 / (2.0 * done as f64)
+        })
+        .join()
+        .expect("the timing thread does not panic")
     })
 }
 
@@ -153,6 +159,14 @@ mod tests {
         // Two threads really hand the line back and forth (a broken wait would hang or return 0).
         let ns = super::handoff_ns(2000);
         assert!(ns.is_finite() && ns > 0.0, "{ns}");
+        // The caller keeps its cores (processes it starts later inherit them).
+        let allowed = || {
+            let st = std::fs::read_to_string("/proc/thread-self/status").unwrap();
+            st.lines().find(|l| l.starts_with("Cpus_allowed_list")).unwrap().to_owned()
+        };
+        let before = allowed();
+        super::handoff_ns(1000);
+        assert_eq!(allowed(), before);
         // A budget ends a long run early, and the partner thread with it (no hang).
         let t = std::time::Instant::now();
         let ns = super::handoff_ns_within(u64::MAX / 4, Some(std::time::Duration::from_millis(50)));
