@@ -37,9 +37,13 @@ impl Clock {
         Self { start: now, last: now, samples: Vec::with_capacity(if per_iteration { iters } else { 0 }), per_iteration }
     }
 
-    /// Called before iteration `i`: the timed part starts at `warmup`.
+    /// Called before iteration `i`: the timed part starts at `warmup`. The
+    /// clock is read per iteration only when each is timed (OSU reads it at
+    /// the start and the end: a read per round trip was 5-7 % of fmx's 8 B
+    /// latency in `perf`, a cost the MPI peers did not pay).
+    #[inline]
     fn tick(&mut self, i: usize, warmup: usize) {
-        if i < warmup {
+        if i < warmup || (i > warmup && !self.per_iteration) {
             return;
         }
         let now = Instant::now();
