@@ -40,13 +40,16 @@ type Table = BTreeMap<(&'static str, usize), Vec<(String, f64)>>;
 fn spread(v: &mut [f64]) -> (f64, f64, f64) {
     v.sort_by(f64::total_cmp);
     let n = v.len();
-    let m = if n % 2 == 1 { v[n / 2] } else { (v[n / 2 - 1] + v[n / 2]) / 2.0 };
+    let m = if n % 2 == 1 { v[n / 2] } else { f64::midpoint(v[n / 2 - 1], v[n / 2]) };
     (m, v[0], v[n - 1])
 }
 
+/// Per (test, size), each side's (median, lowest, highest).
+type Medians = BTreeMap<(&'static str, usize), Vec<(String, (f64, f64, f64))>>;
+
 /// Per (test, size) and side: the median and range of its rounds, in the
 /// order the sides first appear.
-fn medians(table: &Table) -> BTreeMap<(&'static str, usize), Vec<(String, (f64, f64, f64))>> {
+fn medians(table: &Table) -> Medians {
     table
         .iter()
         .map(|(k, vals)| {
