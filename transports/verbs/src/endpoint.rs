@@ -675,7 +675,12 @@ impl VerbsEndpoint {
             None => Err(TransportError::Malformed { peer, what: "an immediate value fmx does not send" }),
             Some(Imm::Learn { index }) => Ok((len, Some(index))),
             Some(Imm::Compact { index, credits, ctrl_credits }) => {
-                let Some(match_bits) = self.st.peers.alive(peer)?.link.heard_headers.get(index) else {
+                // Not `alive`: what a peer sent before it died or finalized still counts.
+                let known = match self.st.peers.get_mut(peer as usize) {
+                    Some(Some(p)) => p.link.heard_headers.get(index),
+                    _ => None,
+                };
+                let Some(match_bits) = known else {
                     return Err(TransportError::Malformed { peer, what: "a compacted header naming an entry its sender never taught" });
                 };
                 let header = MsgHeader {
@@ -832,8 +837,8 @@ impl RdmaDevice for VerbsEndpoint {
                 }
                 let (len, learned) = self.headerless(peer, slot as u64, wc)?;
                 let a = self.st.arrive(peer, slot as u64, len, "undecodable header in a verbs receive slot")?;
-                if let Some(index) = learned {
-                    self.st.peers.alive(peer)?.link.heard_headers.learn(index, a.header.match_bits);
+                if let (Some(index), Some(Some(p))) = (learned, self.st.peers.get_mut(peer as usize)) {
+                    p.link.heard_headers.learn(index, a.header.match_bits);
                 }
                 if RdmaState::<Link>::for_core(&a) {
                     out.push(a);
