@@ -6,15 +6,16 @@
 //! address's length).
 //!
 //! The modes:
-//! - **fmx-eager**, today's fmx: the network endpoint spans the whole world,
-//!   so a queue pair per other rank, an eager pool of at least one slot per
-//!   peer (`FMX_POOL_SLOTS`, default 64, must be raised past 64 peers) and
-//!   two control slots per peer; every rank's address carries a (QPN, PSN)
-//!   per rank, and every rank reads every address.
+//! - **fmx-eager** (`FMX_CONNECT=eager`): the network endpoint spans the
+//!   whole world, so a queue pair per other rank, an eager pool of at least
+//!   one slot per peer (`FMX_POOL_SLOTS`, default 64, must be raised past 64
+//!   peers) and two control slots per peer; every rank's address carries a
+//!   (QPN, PSN) per rank, and every rank reads every address.
 //! - **fmx-lazy** (`FMX_CONNECT=lazy`): one fixed address per rank; a queue
 //!   pair, credits and control slots only toward the peers a rank talks to
-//!   (at most `degree`, all assumed off-node: the worst case); an address is
-//!   read when its peer is first contacted. Each connection is granted its
+//!   (at most `degree`, all assumed off-node: the worst case). Every rank
+//!   still reads every address at init (the launcher's allgather hands them
+//!   all out), but each is the fixed part only. Each connection is granted its
 //!   eager slots when it is made: `FMX_CONNECTION_SLOTS` (8) while the pool
 //!   (`FMX_POOL_SLOTS`) has room, then only the newcomer credits (2).
 //! - **RC all-to-all**, the classic MPI over RC: a queue pair and a
@@ -37,9 +38,9 @@ pub struct Job {
 /// How connections are made.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Mode {
-    /// Every connection at init (fmx today).
+    /// Every connection at init (`FMX_CONNECT=eager`).
     Eager,
-    /// A connection on first use (issue 18).
+    /// A connection on first use (`FMX_CONNECT=lazy`).
     Lazy,
     /// An RC queue pair with its own eager queue to every rank (classic MPI).
     RcAllToAll,
@@ -73,12 +74,11 @@ pub struct Costs {
     /// Lazily, the slots granted a connection beyond the pool: the newcomer
     /// credits (`FMX_NEWCOMER_CREDITS`) a first message may use.
     pub newcomer: u64,
-    /// Bytes of a verbs address without its per-peer part.
+    /// Bytes of a verbs address without its per-peer part (a lazy address
+    /// is this part alone: it names the rank's one UD wire-up queue pair).
     pub address_fixed: u64,
-    /// Bytes per peer in an eager address: (QPN, PSN).
+    /// Bytes per rank in an eager address: (QPN, PSN).
     pub address_per_peer: u64,
-    /// Bytes of a lazy address: the fixed part and one wire-up endpoint.
-    pub address_lazy: u64,
     /// Per-peer eager receive memory of classic RC.
     pub rc_per_peer_bytes: u64,
     /// Host memory of one RC queue pair's send queue (depth x 64-byte WQEs).
@@ -99,9 +99,8 @@ impl Costs {
         ctrl_slots: 2,
         conn_slots: 8,
         newcomer: 2,
-        address_fixed: 60,
+        address_fixed: 65,
         address_per_peer: 8,
-        address_lazy: 68,
         rc_per_peer_bytes: 256 * 128,
         qp_bytes: 128 * 64,
         qp_setup_us: 100.0,
@@ -118,6 +117,8 @@ pub struct PerProcess {
     pub eager_bytes: u64,
     /// Queue pairs' host memory.
     pub qp_bytes: u64,
+    /// Bytes of the address this rank publishes.
+    pub address_bytes: u64,
     /// Bootstrap messages: one put, then one get per address read.
     pub bootstrap_msgs: u64,
     /// Bootstrap bytes read and written.
@@ -146,10 +147,13 @@ pub fn per_process(job: Job, mode: Mode, costs: &Costs) -> PerProcess {
         }
         Mode::Lazy => (lazy_data_slots(qps, costs) + costs.ctrl_slots * qps) * costs.slot_bytes,
     };
-    let (address, reads) = match mode {
-        Mode::Lazy => (costs.address_lazy, contacted),
-        Mode::Eager | Mode::RcAllToAll => (costs.address_fixed + costs.address_per_peer * job.ranks, peers),
+    // Every rank reads every other's address at init in every mode; only
+    // its size differs.
+    let address = match mode {
+        Mode::Lazy => costs.address_fixed,
+        Mode::Eager | Mode::RcAllToAll => costs.address_fixed + costs.address_per_peer * job.ranks,
     };
+    let reads = peers;
     let first_message_us = match mode {
         // One wire-up endpoint at init; then the first message to a peer
         // waits for a request and an answer and a queue pair of its own.
@@ -160,6 +164,7 @@ pub fn per_process(job: Job, mode: Mode, costs: &Costs) -> PerProcess {
         queue_pairs: qps,
         eager_bytes,
         qp_bytes: qps * costs.qp_bytes,
+        address_bytes: address,
         bootstrap_msgs: 1 + reads,
         bootstrap_bytes: address * (1 + reads),
         first_message_us,
@@ -272,8 +277,10 @@ pub fn main(a: &Args) -> Result<(), String> {
 /// compares its eager receive memory (`Fmx::receive_memory`: the granted
 /// data and control slots) and its connections with the model's for the
 /// job's mode (eagerly every peer from init on; lazily none after init and
-/// the d neighbours after the ring); rank 0 prints one row. Fails naming
-/// each rank that differs.
+/// the d neighbours after the ring), and the address it published and read
+/// through the launcher (`Fmx::bootstrap_exchanges`: verbs' against the
+/// model's size, ofi's the same fixed size on every rank); rank 0 prints
+/// one row. Fails naming each rank that differs.
 fn measure() -> Result<(), String> {
     let t0 = std::time::Instant::now();
     let fmx = fmx::init().map_err(|e| e.to_string())?;
@@ -328,7 +335,15 @@ fn measure() -> Result<(), String> {
     // the ring, the slots it set apart for first contacts, when its last
     // connection was ready and how long its init took, in microseconds.
     let last_us = conns.iter().map(|c| c.made_after.as_micros() as u64).max().unwrap_or(0);
-    let mine = [(m.eager_pool + m.control) as u64, after_init, conns.len() as u64, m.first_contact as u64, last_us, init_us];
+    // What init exchanged through the launcher: the transport's addresses
+    // (put, and read from the others), and every exchange's bytes read.
+    let exchanges = fmx.bootstrap_exchanges();
+    let family = if transport.starts_with("verbs") { "verbs addresses" } else { "ofi addresses" };
+    let address = exchanges.iter().find(|e| e.what == family);
+    let (put, read) = address.map_or((0, 0), |e| (e.bytes_put as u64, e.bytes_read as u64));
+    let boot_read: u64 = exchanges.iter().map(|e| e.bytes_read as u64).sum();
+    let mine =
+        [(m.eager_pool + m.control) as u64, after_init, conns.len() as u64, m.first_contact as u64, last_us, init_us, put, read, boot_read];
     let fields = mine.len();
     let mut all = vec![0u64; fields * n as usize];
     w.allgather(&mine, &mut all).map_err(|e| e.to_string())?;
@@ -336,21 +351,31 @@ fn measure() -> Result<(), String> {
     let differ = |i: usize, want: u64, unit: &str| -> Vec<String> {
         ranks.iter().enumerate().filter(|(_, v)| v[i] != want).map(|(r, v)| format!("rank {r}: {}{unit}", v[i])).collect()
     };
+    // The model's address is verbs'; an ofi address is the provider's
+    // endpoint name, whose size the model does not know: there it checks
+    // that every rank's is the same fixed size, whatever N.
+    let verbs = family.starts_with("verbs");
+    let want_put = if verbs { model.address_bytes } else { ranks[0][6] };
+    let read_of = |put: u64| put * (n64 - 1);
     let checks = [
         (differ(0, model.eager_bytes, " B"), format!("{} B of eager receive memory after the ring", model.eager_bytes)),
         (differ(1, at_init, " connections"), format!("{at_init} connections after init")),
         (differ(2, model.queue_pairs, " connections"), format!("{} connections after the ring", model.queue_pairs)),
+        (differ(6, want_put, " B"), format!("a {want_put}-byte {} published", &family[..family.len() - 2])),
+        (differ(7, read_of(want_put), " B"), format!("{} B of {family} read at init", read_of(want_put))),
     ];
     let shown = |i: usize, want: String| if checks[i].0.is_empty() { want } else { checks[i].0.join(", ") };
     if me == 0 {
         let slowest = |i: usize| ranks.iter().map(|v| v[i]).max().unwrap_or(0) as f64 / 1000.0;
         println!("# scale model against this job ({transport}): per process, after init and a ring exchange (d = {degree})");
         println!(
-            "| N | mode | eager memory: model | measured (every rank) | first-contact slots | connections after init: model | measured | after the ring: model | measured | init took (slowest rank) | last connection ready |"
+            "| N | mode | eager memory: model | measured (every rank) | first-contact slots | connections after init: model | measured | after the ring: model | measured | address: model | measured | addresses read: model | measured | bootstrap read in all | init took (slowest rank) | last connection ready |"
         );
-        println!("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+        println!("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+        let model_address = if verbs { format!("{} B", model.address_bytes) } else { "(verbs only)".into() };
+        let model_read = if verbs { format!("{} B", read_of(model.address_bytes)) } else { format!("(N-1) x {want_put} B") };
         println!(
-            "| {n} | {} | {} B | {} | {} B | {at_init} | {} | {} | {} | {:.1} ms | {:.1} ms after init began |",
+            "| {n} | {} | {} B | {} | {} B | {at_init} | {} | {} | {} | {model_address} | {} | {model_read} | {} | {} B | {:.1} ms | {:.1} ms after init began |",
             mode.name(),
             model.eager_bytes,
             shown(0, format!("{} B", model.eager_bytes)),
@@ -358,6 +383,9 @@ fn measure() -> Result<(), String> {
             shown(1, at_init.to_string()),
             model.queue_pairs,
             shown(2, model.queue_pairs.to_string()),
+            shown(3, format!("{want_put} B")),
+            shown(4, format!("{} B", read_of(want_put))),
+            ranks.iter().map(|v| v[8]).max().unwrap_or(0),
             slowest(5),
             slowest(4),
         );
@@ -390,7 +418,9 @@ mod tests {
             assert_eq!(lazy.eager_bytes, (6 * 8 + 2 * 6) * 8192);
             // Eager: a slot and two control slots per peer once past 64 peers.
             assert_eq!(eager.eager_bytes, (64 / (n - 1)).max(1) * (n - 1) * 8192 + 2 * (n - 1) * 8192);
-            assert_eq!(lazy.bootstrap_bytes, 68 * 7);
+            // Every address read at init, each of the fixed 65 bytes.
+            assert_eq!(lazy.bootstrap_bytes, 65 * n);
+            assert_eq!(eager.bootstrap_bytes, (65 + 8 * n) * n);
         }
     }
 

@@ -103,7 +103,8 @@ use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 pub use bootstrap::{
-    started_by_launcher, SpawnRequest, UserBootstrap, ENV_BOOT_TIMEOUT, ENV_LAUNCHER_PID, ENV_RECONFIG_REQUEST, ENV_RENDEZVOUS,
+    started_by_launcher, BootstrapExchange, SpawnRequest, UserBootstrap, ENV_BOOT_TIMEOUT, ENV_LAUNCHER_PID, ENV_RECONFIG_REQUEST,
+    ENV_RENDEZVOUS,
 };
 pub use select::{cleanup_job, job_file_globs};
 
@@ -391,6 +392,15 @@ impl Fmx {
             .into_iter()
             .map(|(transport, c)| Connection { rank: c.peer, transport, made_after: c.made_at.saturating_duration_since(self.started) })
             .collect()
+    }
+
+    /// What this process exchanged through its launcher, one entry per
+    /// allgather in order (the node identities, each transport's addresses):
+    /// bytes put and bytes read from the other ranks. Every rank reads every
+    /// rank's address at `init`, in both connection modes; lazily the
+    /// address has a fixed size, eagerly a verbs address grows with the job.
+    pub fn bootstrap_exchanges(&self) -> Vec<BootstrapExchange> {
+        self.world.sh.boot.borrow().exchanges().to_vec()
     }
 
     /// Tells the peers, waits for every rank, then shuts the transport down.

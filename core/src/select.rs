@@ -230,7 +230,7 @@ fn node_map(boot: &mut Bootstrap) -> Result<Vec<u32>> {
         me.extend_from_slice(&fmx_transport::liveness::host_identity());
         me.extend_from_slice(rustix::system::uname().nodename().to_bytes());
     }
-    let ids = boot.allgather(&me)?;
+    let ids = boot.allgather("node identities", &me)?;
     if let Some(other) = ids.iter().position(|id| id.get(..8) != Some(&me[..8])) {
         return Err(Error::Bootstrap(format!(
             "the node map disagrees between ranks: rank {} and rank {other} were given different maps (rank {}'s: {launcher:?}); \
@@ -269,7 +269,7 @@ fn open_shm(boot: &mut Bootstrap, ranks: &[u32], job: &str) -> Result<ShmEndpoin
     let own_file = cfg.segment_file(cfg.rank);
     let setup = ShmSetup::create(cfg)?;
     let connected = (|| {
-        let all = boot.allgather(&setup.address())?;
+        let all = boot.allgather("shared-memory addresses", &setup.address())?;
         let addresses: Vec<Vec<u8>> = ranks.iter().map(|&r| all[r as usize].clone()).collect();
         let mut ep = setup.connect(&addresses)?;
         // Everyone has mapped everyone's segment: the files can go.
@@ -287,7 +287,7 @@ fn open_shm(boot: &mut Bootstrap, ranks: &[u32], job: &str) -> Result<ShmEndpoin
 #[cfg(feature = "verbs")]
 fn open_verbs(boot: &mut Bootstrap) -> Result<Box<VerbsEndpoint>> {
     let setup = VerbsSetup::create(VerbsConfig::from_env(boot.rank(), boot.size())?)?;
-    let addresses = boot.allgather(&setup.address())?;
+    let addresses = boot.allgather("verbs addresses", &setup.address())?;
     let ep = setup.connect(&addresses)?;
     // Every queue pair is ready to receive before anyone sends.
     boot.barrier()?;
@@ -298,7 +298,7 @@ fn open_verbs(boot: &mut Bootstrap) -> Result<Box<VerbsEndpoint>> {
 fn open_ofi(boot: &mut Bootstrap) -> Result<Box<OfiEndpoint>> {
     let cfg = OfiConfig { job: Some(boot.job_id()), ..OfiConfig::from_env(boot.rank(), boot.size())? };
     let setup = OfiSetup::create(cfg)?;
-    let addresses = boot.allgather(&setup.address()?)?;
+    let addresses = boot.allgather("ofi addresses", &setup.address()?)?;
     let ep = setup.connect(&addresses)?;
     // Every address vector is filled and every receive slot posted before anyone sends.
     boot.barrier()?;

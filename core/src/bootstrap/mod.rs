@@ -15,6 +15,7 @@ mod launcher;
 mod pmi;
 #[cfg(feature = "pmix")]
 mod pmix;
+mod traffic;
 mod unclaimed;
 mod user;
 pub(crate) mod wire;
@@ -29,6 +30,7 @@ pub const ENV_LAUNCHER_PID: &str = "FMX_LAUNCHER_PID";
 /// from (fmxrun relays SIGUSR1 as `+1` and SIGUSR2 as `-1` into it).
 pub const ENV_RECONFIG_REQUEST: &str = "FMX_RECONFIG_REQUEST";
 pub use pmi::SpawnRequest;
+pub use traffic::BootstrapExchange;
 pub use user::UserBootstrap;
 
 use crate::error::{Error, Result};
@@ -72,60 +74,68 @@ pub fn started_by_launcher() -> bool {
         || unclaimed::unusable_launcher(|k| std::env::var(k).ok()).is_some()
 }
 
-/// The bootstrap of this process: whichever [`Launcher`] started it, and
-/// the node map as the transport's selection refined it.
-pub(crate) struct Bootstrap(Box<dyn Launcher>, Option<Vec<u32>>);
+/// The bootstrap of this process: whichever [`Launcher`] started it, the
+/// node map as the transport's selection refined it, and what went through it.
+pub(crate) struct Bootstrap {
+    launcher: Box<dyn Launcher>,
+    refined: Option<Vec<u32>>,
+    exchanges: Vec<BootstrapExchange>,
+}
 
 impl Bootstrap {
+    fn over(launcher: Box<dyn Launcher>) -> Self {
+        Self { launcher, refined: None, exchanges: Vec::new() }
+    }
+
     /// Picks the backend from the environment.
     pub(crate) fn from_env() -> Result<Self> {
         if fmx_transport::settings::is_set(ENV_RENDEZVOUS) {
-            Ok(Self(Box::new(fmxrun::Client::connect_from_env()?), None))
+            Ok(Self::over(Box::new(fmxrun::Client::connect_from_env()?)))
         } else if std::env::var_os("PMI_FD").is_some() {
-            Ok(Self(Box::new(pmi::Client::connect_from_env()?), None))
+            Ok(Self::over(Box::new(pmi::Client::connect_from_env()?)))
         } else if pmix_started() {
             Self::from_pmix()
         } else if let Some(why) = unclaimed::unusable_launcher(|k| std::env::var(k).ok()) {
             Err(Error::Bootstrap(why))
         } else {
-            Ok(Self(Box::new(launcher::Single), None))
+            Ok(Self::over(Box::new(launcher::Single)))
         }
     }
 
     /// The program's bootstrap, checked.
     pub(crate) fn user(b: Box<dyn UserBootstrap>) -> Result<Self> {
-        Ok(Self(Box::new(user::User::new(b)?), None))
+        Ok(Self::over(Box::new(user::User::new(b)?)))
     }
 
     /// Joins a bridge group (two worlds at once) served by fmxrun at `addr`.
     pub(crate) fn bridge(addr: &str, rank: u32, size: u32, job: String) -> Result<Self> {
-        Ok(Self(Box::new(fmxrun::Client::connect(addr, rank, size, job)?), None))
+        Ok(Self::over(Box::new(fmxrun::Client::connect(addr, rank, size, job)?)))
     }
 
     pub(crate) fn rank(&self) -> u32 {
-        self.0.rank()
+        self.launcher.rank()
     }
 
     pub(crate) fn size(&self) -> u32 {
-        self.0.size()
+        self.launcher.size()
     }
 
     /// A job id unique on this host (names shared-memory files).
     pub(crate) fn job_id(&self) -> String {
-        self.0.job_id()
+        self.launcher.job_id()
     }
 
     /// Node index of every rank (all 0 when every rank shares this host):
     /// the launcher's map, or the refined one once the transport was chosen.
     pub(crate) fn nodes(&self) -> Vec<u32> {
-        self.1.clone().unwrap_or_else(|| self.0.nodes())
+        self.refined.clone().unwrap_or_else(|| self.launcher.nodes())
     }
 
     /// The node map as host identities refined it (ranks the launcher put on
     /// one node that run on different hosts, namespaces or containers):
     /// what `Fmx::locality` and placement report from now on.
     pub(crate) fn refine_nodes(&mut self, nodes: Vec<u32>) {
-        self.1 = Some(nodes);
+        self.refined = Some(nodes);
     }
 
     /// Transport asked for by the launcher, if any.
@@ -133,53 +143,61 @@ impl Bootstrap {
         fmx_transport::settings::var("FMX_TRANSPORT")
     }
 
-    /// Everyone's blob, in rank order.
-    pub(crate) fn allgather(&mut self, blob: &[u8]) -> Result<Vec<Vec<u8>>> {
-        self.0.allgather(blob).map_err(|e| launcher::fmx_error(e, "allgather"))
+    /// Everyone's blob, in rank order; `what` names the exchange in
+    /// [`Bootstrap::exchanges`].
+    pub(crate) fn allgather(&mut self, what: &'static str, blob: &[u8]) -> Result<Vec<Vec<u8>>> {
+        let all = self.launcher.allgather(blob).map_err(|e| launcher::fmx_error(e, "allgather"))?;
+        self.exchanges.push(BootstrapExchange::of(what, self.rank(), blob, &all));
+        Ok(all)
+    }
+
+    /// Every allgather so far, in order.
+    pub(crate) fn exchanges(&self) -> &[BootstrapExchange] {
+        &self.exchanges
     }
 
     pub(crate) fn barrier(&mut self) -> Result<()> {
-        self.0.barrier().map_err(|e| launcher::fmx_error(e, "barrier"))
+        self.launcher.barrier().map_err(|e| launcher::fmx_error(e, "barrier"))
     }
 
     /// [`Launcher::finalize_watching`].
     pub(crate) fn finalize_watching(&mut self, watch: pmi::Watch) -> Result<()> {
-        self.0.finalize_watching(watch)
+        self.launcher.finalize_watching(watch)
     }
 
     /// [`Launcher::link`].
     pub(crate) fn link(&self) -> Option<std::rc::Rc<Link>> {
-        self.0.link()
+        self.launcher.link()
     }
 
     /// [`Launcher::abort`].
     pub(crate) fn abort(&self, code: i32, why: &str) {
-        self.0.abort(code, why);
+        self.launcher.abort(code, why);
     }
 
     /// Which launcher this is, for messages and `Fmx::launcher`.
     pub(crate) fn name(&self) -> &'static str {
-        self.0.name()
+        self.launcher.name()
     }
 
     /// Whether this world was started by another one's spawn request.
     pub(crate) fn spawned(&self) -> bool {
-        self.0.spawned()
+        self.launcher.spawned()
     }
 
     /// Asks the process manager to start a new world.
     pub(crate) fn spawn(&mut self, req: &SpawnRequest) -> Result<()> {
-        self.0.spawn(req)
+        self.launcher.spawn(req)
     }
 
     /// [`Launcher::spawn_world`].
     pub(crate) fn spawn_world(&mut self, np: u32, bridge: bool, values: &str) -> Result<Option<(String, String)>> {
-        self.0.spawn_world(np, bridge, values)
+        self.launcher.spawn_world(np, bridge, values)
     }
 
     /// A value left by the world that spawned this one.
     pub(crate) fn parent_value(&mut self, key: &str) -> Result<Option<String>> {
-        self.0.parent_value(key)
+        self.launcher.parent_value(key)
     }
 }
 
@@ -195,7 +213,7 @@ fn pmix_started() -> bool {
 impl Bootstrap {
     #[cfg(feature = "pmix")]
     fn from_pmix() -> Result<Self> {
-        Ok(Self(Box::new(pmix::Client::connect_from_env()?), None))
+        Ok(Self::over(Box::new(pmix::Client::connect_from_env()?)))
     }
 
     #[cfg(not(feature = "pmix"))]

@@ -133,7 +133,7 @@ impl Comm {
         // With connections made on demand, through the launcher's bootstrap:
         // init then opens no connection at all (any collective would).
         let r = if (0..self.size()).any(|p| crate::join::on_demand(self, p)) {
-            self.sh.boot.borrow_mut().allgather(&mine).map(|blobs| {
+            self.sh.boot.borrow_mut().allgather("FMX_CHECK agreement", &mine).map(|blobs| {
                 for (a, b) in all.iter_mut().zip(&blobs) {
                     *a = b.first().copied().unwrap_or(u8::MAX);
                 }
