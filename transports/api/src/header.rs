@@ -141,11 +141,31 @@ impl MsgHeader {
         }
         Ok(h)
     }
+
+    /// Whether an encoded header is of an eager message with no cookie: what
+    /// a transport may carry without its header (the receiver rebuilds it
+    /// from the match bits, the credits and the length). Reads two fields,
+    /// not the whole header: it is asked of every eager send.
+    #[inline]
+    pub fn is_plain_eager(b: &[u8; HEADER_BYTES]) -> bool {
+        b[0] == MsgKind::Eager as u8 && b[24..32] == [0; 8]
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_an_eager_header_without_a_cookie_is_plain() {
+        let mut b = [0u8; HEADER_BYTES];
+        MsgHeader::eager(7, 8, 0).encode(&mut b);
+        assert!(MsgHeader::is_plain_eager(&b));
+        MsgHeader::eager(7, 8, 1).encode(&mut b);
+        assert!(!MsgHeader::is_plain_eager(&b));
+        MsgHeader::control(MsgKind::Rts, 7, 8, 0, 0).encode(&mut b);
+        assert!(!MsgHeader::is_plain_eager(&b));
+    }
 
     #[test]
     fn roundtrip_every_kind() {

@@ -645,9 +645,10 @@ impl VerbsEndpoint {
     /// the payload alone if the peer knows the match bits, else the whole
     /// message with the index to file them under.
     fn send_compacted(&mut self, peer: PeerId, header: &[u8; HEADER_BYTES], payload: &[u8]) -> Result<SendOutcome, TransportError> {
-        let bits = u64::from_le_bytes(header[8..16].try_into().expect("8 bytes"));
+        let h = MsgHeader::decode(header).map_err(|_| TransportError::Malformed { peer, what: "an eager header fmx did not encode" })?;
+        let bits = h.match_bits;
         let (imm, teach) = match self.st.peers.alive(peer)?.link.sent_headers.lookup(bits) {
-            Ok(index) => (Imm::Compact { index, credits: u16::from_le_bytes([header[2], header[3]]), ctrl_credits: header[1] }, None),
+            Ok(index) => (Imm::Compact { index, credits: h.credits, ctrl_credits: h.ctrl_credits }, None),
             Err(index) => (Imm::Learn { index }, Some(index)),
         };
         let Some(lease) = self.send_buf()? else { return Ok(SendOutcome::Backpressure) };
@@ -783,8 +784,7 @@ impl RdmaDevice for VerbsEndpoint {
         if !self.ready(peer)? || !self.sq_room(peer)? {
             return Ok(SendOutcome::Backpressure);
         }
-        let compact = header[0] == MsgKind::Eager as u8 && header[24..32] == [0; 8];
-        if compact && compact::saves_a_packet(payload.len(), self.st.peers.alive(peer)?.link.mtu) {
+        if MsgHeader::is_plain_eager(header) && compact::saves_a_packet(payload.len(), self.st.peers.alive(peer)?.link.mtu) {
             return self.send_compacted(peer, header, payload);
         }
         if len <= self.max_inline.min(INLINE_BUF) {
