@@ -249,13 +249,14 @@ pub fn main(a: &Args) -> Result<(), String> {
         progress.inc();
     }
     drop(progress);
+    let med = medians(&table);
     if a.json {
-        print!("{}", json_report(&table, &names, &versions, &missing, &curves)?.to_json()?);
+        print!("{}", json_report(&med, &names, &versions, &missing, &curves)?.to_json()?);
         println!();
         return plot_if_asked(a, &curves);
     }
-    let mut text = render(&table, &names, a.reps);
-    text.push_str(&against_targets(&table, &names, &handoffs));
+    let mut text = render(&med, &names, a.reps);
+    text.push_str(&against_targets(&med, &names, &handoffs));
     if !versions.is_empty() {
         let peers: Vec<String> = versions.iter().map(|(n, v)| format!("{n} {v}")).collect();
         text.push_str(&format!("\nPeers: {}; fmx {}.\n", peers.join(", "), crate::cli::VERSION));
@@ -284,7 +285,7 @@ fn plot_if_asked(a: &Args, curves: &Curves<'_>) -> Result<(), String> {
 
 /// The comparison as `--json`'s document.
 fn json_report(
-    table: &Table,
+    med: &Medians,
     names: &[String],
     versions: &[(String, String)],
     missing: &[String],
@@ -292,16 +293,16 @@ fn json_report(
 ) -> Result<crate::compare_json::Report, String> {
     use crate::compare_json::{ratio, Meta, Peer, Report, Row, Sweep};
     // Each side's median over the rounds.
-    let results = medians(table)
-        .into_iter()
-        .filter_map(|((test, size), vals)| {
+    let results = med
+        .iter()
+        .filter_map(|(&(test, size), vals)| {
             let fmx = vals.iter().find(|(w, _)| w == "fmx")?.1 .0;
             let fmx_ratio = names[1..]
                 .iter()
                 .filter_map(|p| vals.iter().find(|(w, _)| w == p).map(|(_, v)| (p.clone(), ratio(test, fmx, v.0))))
                 .collect();
             let unit = if test == "latency" { "us" } else { "MB/s" };
-            Some(Row { test, size, unit, values: vals.into_iter().map(|(w, v)| (w, v.0)).collect(), fmx_ratio })
+            Some(Row { test, size, unit, values: vals.iter().map(|(w, v)| (w.clone(), v.0)).collect(), fmx_ratio })
         })
         .collect();
     Ok(Report {
@@ -327,7 +328,7 @@ fn json_report(
     })
 }
 
-fn render(table: &Table, names: &[String], reps: u64) -> String {
+fn render(med: &Medians, names: &[String], reps: u64) -> String {
     let peers = &names[1..];
     let mut s = format!("{reps} interleaved runs per side: median [range].\n\n| test | size | fmx |");
     for p in peers {
@@ -339,7 +340,7 @@ fn render(table: &Table, names: &[String], reps: u64) -> String {
     }
     s.push('\n');
     let cell = |(m, lo, hi): (f64, f64, f64)| format!("{m:.2} [{lo:.2}-{hi:.2}]");
-    for ((test, size), vals) in medians(table) {
+    for (&(test, size), vals) in med {
         let get = |who: &str| vals.iter().find(|(w, _)| w == who).map(|v| v.1);
         let unit = if test == "latency" { "us" } else { "MB/s" };
         let Some(f) = get("fmx") else { continue };
@@ -363,8 +364,7 @@ fn render(table: &Table, names: &[String], reps: u64) -> String {
 /// The smallest size's latency against issue 21's two targets: at most 0.9x
 /// the better peer's, and at most 3x one cache-line handoff (the best of
 /// this comparison's rounds: a floor is what the hardware can do).
-fn against_targets(table: &Table, names: &[String], handoffs: &[f64]) -> String {
-    let med = medians(table);
+fn against_targets(med: &Medians, names: &[String], handoffs: &[f64]) -> String {
     let Some(((_, size), vals)) = med.iter().find(|((t, _), _)| *t == "latency") else { return String::new() };
     let Some(fmx) = vals.iter().find(|(w, _)| w == "fmx").map(|v| v.1 .0) else { return String::new() };
     let mut s = String::new();
