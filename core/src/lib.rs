@@ -220,9 +220,10 @@ pub(crate) fn open_world(mut boot: bootstrap::Bootstrap, local_ranks: usize) -> 
     let size = boot.size();
     let cores = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
     let link = boot.link();
-    let spin = fmx_transport::settings::env_limited("FMX_SPIN_POLLS", fmx_transport::settings::limits::SPIN_POLLS)?.map(|v| v as u32);
+    let spin = fmx_transport::settings::env_limited("FMX_SPIN_POLLS", fmx_transport::settings::limits::SPIN_POLLS)?
+        .map_or_else(|| engine::default_spin_polls(local_ranks > cores), |v| v as u32);
     let sh = Rc::new(comm::Shared {
-        engine: RefCell::new(engine::Engine::new(tp, local_ranks > cores, link).with_spin_polls(spin)),
+        engine: RefCell::new(engine::Engine::new(tp, spin, link)),
         lend: RefCell::new(fmx_transport::lend::LendTable::new()),
         boot: RefCell::new(boot),
         finalized: Cell::new(false),

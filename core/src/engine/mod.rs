@@ -159,9 +159,22 @@ pub(crate) struct Engine {
     failure: Option<Failure>,
 }
 
+/// Empty polls a wait spins before it yields the core, unless
+/// `FMX_SPIN_POLLS` says otherwise: fewer when this host runs more ranks
+/// than it has cores (`oversubscribed`), so a waiting rank gives its core
+/// to the one it waits for.
+pub(crate) fn default_spin_polls(oversubscribed: bool) -> u32 {
+    if oversubscribed {
+        SPIN_POLLS_OVERSUBSCRIBED
+    } else {
+        SPIN_POLLS
+    }
+}
+
 impl Engine {
-    /// An engine over `tp`; `oversubscribed` when this host runs more ranks than it has cores.
-    pub(crate) fn new(tp: Transport, oversubscribed: bool, link: Option<Rc<Link>>) -> Self {
+    /// An engine over `tp` whose waits spin `spin_polls` empty polls before
+    /// they start yielding the core (see [`default_spin_polls`]).
+    pub(crate) fn new(tp: Transport, spin_polls: u32, link: Option<Rc<Link>>) -> Self {
         let size = tp.num_peers();
         Self {
             me: tp.local_id(),
@@ -174,20 +187,11 @@ impl Engine {
             arrived: Vec::new(),
             inflight: HashMap::new(),
             poison: None,
-            spin_polls: if oversubscribed { SPIN_POLLS_OVERSUBSCRIBED } else { SPIN_POLLS },
+            spin_polls,
             on_idle: None,
             link,
             failure: None,
         }
-    }
-
-    /// Empty polls a wait spins before it starts yielding the core
-    /// (`FMX_SPIN_POLLS`; `None` keeps the default for the host's load).
-    pub(crate) fn with_spin_polls(mut self, polls: Option<u32>) -> Self {
-        if let Some(p) = polls {
-            self.spin_polls = p;
-        }
-        self
     }
 
     /// Sets what runs while a wait idles (see `on_idle`).

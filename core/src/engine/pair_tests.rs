@@ -224,7 +224,9 @@ impl Sim {
         let net = Fabric::new(size, &faults, mixed);
         let transfers = workload(&net, size);
         let cancel_at = (net.below(3) == 0).then(|| net.below(60));
-        let ranks = (0..size).map(|r| Rank { eng: Engine::new(net.transport(r), false, None), lend: LendTable::new() }).collect();
+        let ranks = (0..size)
+            .map(|r| Rank { eng: Engine::new(net.transport(r), super::default_spin_polls(false), None), lend: LendTable::new() })
+            .collect();
         Self { net, ranks, transfers, dead: None, cancel_at, progress_errors: Vec::new() }
     }
 
