@@ -19,6 +19,7 @@ use std::process::Command;
 
 use crate::peers::Mpi;
 use crate::report::parse_osu;
+use crate::stats::spread;
 
 /// Open MPI's shared-memory path.
 pub(crate) const OMPI_SHM: [&str; 6] = ["--mca", "pml", "ob1", "--mca", "btl", "self,vader"];
@@ -35,14 +36,6 @@ fn peer_sweep(mpi: Mpi, bin: &std::path::Path, test: &str, max: usize) -> Result
 
 /// Every run's figure per (test, size): (who, value), one entry per round.
 type Table = BTreeMap<(&'static str, usize), Vec<(String, f64)>>;
-
-/// (median, lowest, highest) of `v` (not empty).
-fn spread(v: &mut [f64]) -> (f64, f64, f64) {
-    v.sort_by(f64::total_cmp);
-    let n = v.len();
-    let m = if n % 2 == 1 { v[n / 2] } else { f64::midpoint(v[n / 2 - 1], v[n / 2]) };
-    (m, v[0], v[n - 1])
-}
 
 /// Per (test, size), each side's (median, lowest, highest).
 type Medians = BTreeMap<(&'static str, usize), Vec<(String, (f64, f64, f64))>>;
@@ -62,8 +55,8 @@ fn medians(table: &Table) -> Medians {
             let cells = who
                 .into_iter()
                 .map(|w| {
-                    let mut v: Vec<f64> = vals.iter().filter(|(x, _)| x == w).map(|(_, v)| *v).collect();
-                    (w.clone(), spread(&mut v))
+                    let v: Vec<f64> = vals.iter().filter(|(x, _)| x == w).map(|(_, v)| *v).collect();
+                    (w.clone(), spread(&v))
                 })
                 .collect();
             (*k, cells)
@@ -381,8 +374,7 @@ fn against_targets(med: &Medians, names: &[String], handoffs: &[f64]) -> String 
     }
     if let Some(floor) = handoffs.iter().copied().min_by(f64::total_cmp) {
         let r = fmx * 1000.0 / floor;
-        let mut h = handoffs.to_vec();
-        let (m, _, hi) = spread(&mut h);
+        let (m, _, hi) = spread(handoffs);
         s.push_str(&format!(
             "{} latency: fmx is {r:.2}x one cache-line handoff between cores 0 and 1 ({floor:.1} ns, the best of {} runs; median \
              {m:.1}, worst {hi:.1}); target at most 3x: {}.\n",

@@ -8,6 +8,7 @@ use std::process::Command;
 
 use crate::compare::{Args, OMPI_SHM};
 use crate::peers::Mpi;
+use crate::stats::spread;
 
 /// The messages/s column of an mbw_mr row for `size` (fmx-perf and the peer
 /// print the same three columns: size, MB/s, messages/s).
@@ -16,13 +17,6 @@ fn rate_of(out: &str, size: usize) -> Option<f64> {
         let v: Vec<f64> = l.split_whitespace().filter_map(|x| x.parse().ok()).collect();
         (v.len() == 3 && v[0] as usize == size).then_some(v[2])
     })
-}
-
-/// Median, smallest and largest of `runs`.
-fn spread(runs: &[f64]) -> (f64, f64, f64) {
-    let mut v = runs.to_vec();
-    v.sort_by(f64::total_cmp);
-    (v[v.len() / 2], v[0], v[v.len() - 1])
 }
 
 /// The MPI peer's command for `pairs` pairs: bound to cores while there are

@@ -52,6 +52,16 @@ impl Stats {
 /// The nearest-rank percentile of sorted samples: the smallest sample at
 /// or below which `per_mille` thousandths of them lie (integer arithmetic:
 /// 0.999 * 1000 is not 999 in floating point).
+/// (median, lowest, highest) of one figure's interleaved runs (not empty):
+/// how `compare`, `compare --rate` and `neighbor-compare` report a cell.
+pub fn spread(runs: &[f64]) -> (f64, f64, f64) {
+    let mut v = runs.to_vec();
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    let m = if n % 2 == 1 { v[n / 2] } else { f64::midpoint(v[n / 2 - 1], v[n / 2]) };
+    (m, v[0], v[n - 1])
+}
+
 fn percentile(sorted: &[f64], per_mille: usize) -> f64 {
     let rank = (per_mille * sorted.len()).div_ceil(1000);
     sorted[rank.clamp(1, sorted.len()) - 1]
