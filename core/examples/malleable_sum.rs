@@ -4,7 +4,10 @@
 //!
 //! `cargo run --release --example malleable_sum` runs the job twice under
 //! fmx's launcher (with and without reconfiguration) and checks that both
-//! end with exactly the same array and iteration count. Set
+//! end with exactly the same array and iteration count. Under a launcher
+//! (`MALLEABLE_SUM_SIZES=4,3,1,2 mpiexec -n 2 malleable_sum`) it runs the
+//! job once and prints its RESULT line; each new world comes from Hydra's
+//! PMI spawn. Set
 //! `FMX_MALLEABLE_MODE=checkpoint FMX_CHECKPOINT_DIR=DIR` for the
 //! checkpoint-restart mode.
 
@@ -19,7 +22,7 @@ const ITERS: u64 = 25;
 const P: u64 = 1_000_000_007;
 
 fn main() -> fmx::Result<()> {
-    if std::env::var_os(fmx::ENV_RENDEZVOUS).is_none() {
+    if !fmx::started_by_launcher() {
         std::process::exit(drive());
     }
     let mut m = Malleable::init(Mode::from_env()?)?;
@@ -30,7 +33,7 @@ fn main() -> fmx::Result<()> {
     let (mut x, mut iter, mut checksum) = restored.unwrap_or_else(|| (block_range(me, size, GLOBAL_N).collect(), 0, 0));
     let first = block_range(me, size, GLOBAL_N).start;
     if me == 0 {
-        eprintln!("world {} of {size} ranks resumes at iteration {iter}", m.reconfig_count());
+        eprintln!("world {} of {size} ranks over {} resumes at iteration {iter}", m.reconfig_count(), m.world().transport_name());
     }
     let policy = match std::env::var("MALLEABLE_SUM_SIZES").unwrap_or_default().as_str() {
         "" => Policy::Never,

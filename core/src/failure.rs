@@ -14,10 +14,11 @@ use crate::error::Error;
 
 #[derive(Clone, Debug)]
 pub(crate) enum Failure {
-    /// fmxrun's notice of the job's first failure.
-    Notice(Notice),
-    /// The connection to fmxrun closed: it died or was killed.
-    LauncherGone,
+    /// The notice of the job's first failure from the group's server
+    /// (fmxrun, or a bridge's rendezvous under Hydra: named here).
+    Notice(Notice, &'static str),
+    /// The connection to that server closed: it died or was killed.
+    LauncherGone(&'static str),
 }
 
 impl Failure {
@@ -25,9 +26,9 @@ impl Failure {
     /// engine's ranks: the communicator localizes it).
     pub(crate) fn error(&self, during: &str) -> Error {
         match self {
-            Self::Notice(n) => match n.member {
+            Self::Notice(n, server) => match n.member {
                 Some(m) => {
-                    let reason = format!("fmxrun reports that it {} (the job's first failure; every rank is told)", n.reason);
+                    let reason = format!("{server} reports that it {} (the job's first failure; every rank is told)", n.reason);
                     crate::log::peer_lost(m, &reason, during);
                     Error::PeerGone { rank: m, world_rank: m, during: during.to_owned(), reason, pending: false }
                 }
@@ -41,9 +42,9 @@ impl Failure {
                     reason: n.reason.clone(),
                 },
             },
-            Self::LauncherGone => Error::JobFailed {
+            Self::LauncherGone(server) => Error::JobFailed {
                 during: during.to_owned(),
-                who: "the launcher (fmxrun)".into(),
+                who: if *server == "fmxrun" { "the launcher (fmxrun)".into() } else { (*server).into() },
                 reason: "closed its connection: it died or was killed".into(),
             },
         }
@@ -57,13 +58,13 @@ mod tests {
     #[test]
     fn a_notice_names_the_member_or_its_world() {
         let n = Notice { member: Some(3), generation: 0, rank: 3, reason: "was killed by signal 9 (SIGKILL)".into() };
-        match Failure::Notice(n).error("receiving") {
+        match Failure::Notice(n, "fmxrun").error("receiving") {
             Error::PeerGone { rank: 3, world_rank: 3, pending: false, reason, .. } => assert!(reason.contains("signal 9"), "{reason}"),
             e => panic!("{e:?}"),
         }
         let n = Notice { member: None, generation: 2, rank: 1, reason: "panicked".into() };
-        let e = Failure::Notice(n).error("a barrier").to_string();
+        let e = Failure::Notice(n, "fmxrun").error("a barrier").to_string();
         assert!(e.contains("rank 1 of world 2 panicked") && e.contains("a barrier"), "{e}");
-        assert!(Failure::LauncherGone.error("x").to_string().contains("fmxrun"));
+        assert!(Failure::LauncherGone("fmxrun").error("x").to_string().contains("fmxrun"));
     }
 }

@@ -133,6 +133,9 @@ pub struct Fmx {
     world: Comm,
     /// [`Fmx::parent`] was called (the bridge is joined once).
     parent_taken: Cell<bool>,
+    /// What the world that spawned this one passed, read at first use
+    /// (under Hydra a PMI get; nothing for a first world).
+    lineage: std::cell::OnceCell<spawn::Lineage>,
     /// When `init` began (connections are reported relative to it).
     started: std::time::Instant,
 }
@@ -178,7 +181,7 @@ pub fn init_with_bootstrap(bootstrap: Box<dyn UserBootstrap>, opts: InitOptions)
         let boot = bootstrap::Bootstrap::user(bootstrap)?;
         let local_ranks = Locality::from_nodes(&boot.nodes(), boot.rank()).local_size as usize;
         let world = open_world(boot, local_ranks)?;
-        Ok(Fmx { world, parent_taken: Cell::new(false), started: std::time::Instant::now() })
+        Ok(Fmx { world, parent_taken: Cell::new(false), lineage: std::cell::OnceCell::new(), started: std::time::Instant::now() })
     })
 }
 
@@ -210,7 +213,7 @@ fn init_inner() -> Result<Fmx> {
         .and_then(|v| v.parse::<usize>().ok())
         .unwrap_or_else(|| Locality::from_nodes(&boot.nodes(), boot.rank()).local_size as usize);
     let world = open_world(boot, local_ranks)?;
-    Ok(Fmx { world, parent_taken: Cell::new(false), started: std::time::Instant::now() })
+    Ok(Fmx { world, parent_taken: Cell::new(false), lineage: std::cell::OnceCell::new(), started: std::time::Instant::now() })
 }
 
 /// Opens a transport through `boot` and the communicator of all its ranks

@@ -29,7 +29,13 @@ pub(crate) struct Client {
     pub(crate) job: String,
     link: Rc<Link>,
     boot_timeout: Duration,
+    /// Who serves the group, for messages: fmxrun, or (a bridge under
+    /// Hydra) the old world's rank 0.
+    server: &'static str,
 }
+
+/// The server of a bridge that a PMI process manager's job spawned (`hub`).
+pub(crate) const HUB: &str = "the bridge's rendezvous (on the old world's rank 0)";
 
 /// How often a finalize round asks its watch while fmxrun has not answered.
 const WATCH_EVERY: Duration = Duration::from_millis(50);
@@ -38,6 +44,8 @@ const WATCH_EVERY: Duration = Duration::from_millis(50);
 /// first failure on it at any time ([`Link::failure`] looks, never waiting).
 pub(crate) struct Link {
     stream: TcpStream,
+    /// Who is at the other end (see `Client::server`).
+    server: &'static str,
     failure: RefCell<Option<Failure>>,
 }
 
@@ -69,18 +77,23 @@ impl Client {
 
     /// Joins the group served at `addr` as `rank` of `size`.
     pub(crate) fn connect(addr: &str, rank: u32, size: u32, job: String) -> Result<Self> {
-        Self::connect_within(addr, rank, size, job, boot_timeout()?)
+        Self::connect_within(addr, rank, size, job, boot_timeout()?, "fmxrun")
     }
 
-    fn connect_within(addr: &str, rank: u32, size: u32, job: String, boot_timeout: Duration) -> Result<Self> {
+    /// Joins the group `server` serves at `addr` (see [`HUB`]).
+    pub(crate) fn connect_to(addr: &str, rank: u32, size: u32, job: String, server: &'static str) -> Result<Self> {
+        Self::connect_within(addr, rank, size, job, boot_timeout()?, server)
+    }
+
+    fn connect_within(addr: &str, rank: u32, size: u32, job: String, boot_timeout: Duration, server: &'static str) -> Result<Self> {
         let io = |what: String| move |source| Error::BootstrapIo { what, source };
         let sockaddr: std::net::SocketAddr =
             addr.parse().map_err(|_| Error::Bootstrap(format!("{ENV_RENDEZVOUS}={addr:?} is not an address such as 127.0.0.1:4000")))?;
-        let stream = TcpStream::connect_timeout(&sockaddr, boot_timeout).map_err(io(format!("connecting to fmxrun at {addr}")))?;
+        let stream = TcpStream::connect_timeout(&sockaddr, boot_timeout).map_err(io(format!("connecting to {server} at {addr}")))?;
         stream.set_nodelay(true).map_err(io("TCP_NODELAY".into()))?;
         stream.set_write_timeout(Some(boot_timeout)).map_err(io("write timeout".into()))?;
-        let link = Rc::new(Link { stream, failure: RefCell::new(None) });
-        let c = Self { rank, size, job, link, boot_timeout };
+        let link = Rc::new(Link { stream, server, failure: RefCell::new(None) });
+        let c = Self { rank, size, job, link, boot_timeout, server };
         let mut hello = Vec::new();
         for v in [rank, size, std::process::id()] {
             hello.extend_from_slice(&v.to_le_bytes());
@@ -108,16 +121,19 @@ impl Client {
     /// transport: peers may need an answer from us to reach the same round).
     fn round_watching(&self, op: u8, body: &[u8], what: &str, startup: bool, watch: Option<&mut Watch>) -> Result<Vec<u8>> {
         if let Some(f) = self.link.failure.borrow().as_ref() {
-            return Err(f.error(&format!("the {what} round with fmxrun")));
+            return Err(f.error(&format!("the {what} round with {}", self.server)));
         }
         let io = |source: std::io::Error| {
             let hint = match source.kind() {
                 std::io::ErrorKind::TimedOut | std::io::ErrorKind::WouldBlock => {
-                    format!("no answer within {:?} ({ENV_BOOT_TIMEOUT}; did every rank start? is fmxrun answering?)", self.boot_timeout)
+                    format!(
+                        "no answer within {:?} ({ENV_BOOT_TIMEOUT}; did every rank start? is {} answering?)",
+                        self.boot_timeout, self.server
+                    )
                 }
-                _ => "fmxrun closed the connection (it died, or refused us)".to_string(),
+                _ => format!("{} closed the connection (it died, or refused us)", self.server),
             };
-            Error::BootstrapIo { what: format!("{what} round with fmxrun: {hint}"), source }
+            Error::BootstrapIo { what: format!("{what} round with {}: {hint}", self.server), source }
         };
         wire::write_frame(&mut &self.link.stream, op, body).map_err(io)?;
         if let Some(watch) = watch {
@@ -142,14 +158,14 @@ impl Client {
         match rop {
             _ if rop == op => Ok(reply),
             OP_NOTICE => {
-                let f = Failure::from_notice(&reply)
-                    .ok_or_else(|| Error::Bootstrap(format!("fmxrun sent a malformed failure notice during {what}")))?;
-                let e = f.error(&format!("the {what} round with fmxrun"));
+                let f = Failure::from_notice(&reply, self.server)
+                    .ok_or_else(|| Error::Bootstrap(format!("{} sent a malformed failure notice during {what}", self.server)))?;
+                let e = f.error(&format!("the {what} round with {}", self.server));
                 *self.link.failure.borrow_mut() = Some(f);
                 Err(e)
             }
-            OP_ERROR => Err(Error::Bootstrap(format!("fmxrun refused our {what}: {}", String::from_utf8_lossy(&reply)))),
-            _ => Err(Error::Bootstrap(format!("fmxrun answered op {rop:?} to {what}"))),
+            OP_ERROR => Err(Error::Bootstrap(format!("{} refused our {what}: {}", self.server, String::from_utf8_lossy(&reply)))),
+            _ => Err(Error::Bootstrap(format!("{} answered op {rop:?} to {what}", self.server))),
         }
     }
 
@@ -219,7 +235,7 @@ impl Link {
         let peek = RecvFlags::PEEK | RecvFlags::DONTWAIT;
         let mut prefix = [0u8; 4];
         match recv(self.stream.as_fd(), &mut prefix, peek) {
-            Ok((0, _)) => return Some(Failure::LauncherGone),
+            Ok((0, _)) => return Some(Failure::LauncherGone(self.server)),
             Ok((4, _)) => {}
             Ok(_) | Err(_) => return None, // nothing (or not all of it) yet
         }
@@ -232,15 +248,15 @@ impl Link {
         // The whole frame is there: take it (a read that cannot block).
         let (op, body) = wire::read_frame(&mut &self.stream).ok()?;
         match op {
-            OP_NOTICE => Failure::from_notice(&body),
+            OP_NOTICE => Failure::from_notice(&body, self.server),
             _ => None, // nothing else arrives outside a round
         }
     }
 }
 
 impl Failure {
-    fn from_notice(body: &[u8]) -> Option<Self> {
-        Notice::decode(body).map(Failure::Notice)
+    fn from_notice(body: &[u8], server: &'static str) -> Option<Self> {
+        Notice::decode(body).map(|n| Failure::Notice(n, server))
     }
 }
 
@@ -278,7 +294,8 @@ mod tests {
         ];
         for (answer, expect) in cases {
             let (addr, server) = fake_fmxrun(move |mut s| s.write_all(answer).unwrap());
-            let e = Client::connect_within(&addr, 0, 2, "j".into(), Duration::from_secs(2)).err().expect("a bad answer").to_string();
+            let e =
+                Client::connect_within(&addr, 0, 2, "j".into(), Duration::from_secs(2), "fmxrun").err().expect("a bad answer").to_string();
             assert!(e.contains(expect), "{answer:?}: {e}");
             server.join().unwrap();
         }
@@ -304,7 +321,7 @@ mod tests {
                 }
             });
             let t = Instant::now();
-            let e = Client::connect_within(&addr, 0, 2, "j".into(), Duration::from_secs(1)).err().expect("no answer");
+            let e = Client::connect_within(&addr, 0, 2, "j".into(), Duration::from_secs(1), "fmxrun").err().expect("no answer");
             let took = t.elapsed();
             assert!(took < Duration::from_millis(2500), "trickle={trickle}: {took:?}");
             assert!(e.to_string().contains(ENV_BOOT_TIMEOUT), "trickle={trickle}: {e}");
@@ -333,7 +350,8 @@ impl Launcher for Client {
                 .into(),
         ))
     }
-    fn spawn_world(&mut self, np: u32, bridge: bool, values: &str) -> Result<Option<(String, String)>> {
+    fn spawn_world(&mut self, np: u32, bridge: bool, values: &str, _generation: u32) -> Result<Option<(String, String)>> {
+        // fmxrun counts the worlds it started itself.
         Client::spawn_world(self, np, bridge, values)
     }
     fn link(&self) -> Option<Rc<Link>> {

@@ -84,9 +84,9 @@ pub(crate) trait Launcher: UserBootstrap {
 
     /// Asks fmxrun to start a world of `np` ranks (collective); with
     /// `bridge`, the bridge's address and job id come back.
-    fn spawn_world(&mut self, _np: u32, _bridge: bool, _values: &str) -> Result<Option<(String, String)>> {
+    fn spawn_world(&mut self, _np: u32, _bridge: bool, _values: &str, _generation: u32) -> Result<Option<(String, String)>> {
         Err(Error::Launch(format!(
-            "spawn_world: {} started this process; only fmxrun can start a world connected to this one (use fmxrun -n N)",
+            "spawn_world: {} started this process; only fmxrun and Hydra (mpiexec, PMI-1) can start a world connected to this one",
             self.name()
         )))
     }
@@ -138,7 +138,7 @@ impl Launcher for Single {
     fn spawn(&mut self, _req: &SpawnRequest) -> Result<()> {
         Err(Error::Launch("spawn: this process was started alone, with no process manager to ask".into()))
     }
-    fn spawn_world(&mut self, _np: u32, _bridge: bool, _values: &str) -> Result<Option<(String, String)>> {
+    fn spawn_world(&mut self, _np: u32, _bridge: bool, _values: &str, _generation: u32) -> Result<Option<(String, String)>> {
         Err(Error::Launch("spawn_world: this process was started alone; start it with fmxrun, which acts as the process manager".into()))
     }
 }

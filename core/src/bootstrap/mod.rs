@@ -11,6 +11,7 @@
 //! the crate's `Launcher` for what a process manager adds (`launcher.rs`).
 
 mod fmxrun;
+mod hub;
 mod launcher;
 mod pmi;
 #[cfg(feature = "pmix")]
@@ -19,6 +20,8 @@ mod traffic;
 mod unclaimed;
 mod user;
 pub(crate) mod wire;
+/// The PMI spawn values a spawned world reads (`spawn::Lineage`).
+pub(crate) use pmi::spawn_world as spawn_keys;
 
 pub(crate) use fmxrun::Link;
 pub use fmxrun::{ENV_BOOT_TIMEOUT, ENV_RENDEZVOUS};
@@ -112,6 +115,12 @@ impl Bootstrap {
         Ok(Self::over(Box::new(fmxrun::Client::connect(addr, rank, size, job)?)))
     }
 
+    /// Joins a bridge group that the old world's rank 0 serves (`hub`:
+    /// under a PMI process manager).
+    pub(crate) fn bridge_by_hub(addr: &str, rank: u32, size: u32, job: String) -> Result<Self> {
+        Ok(Self::over(Box::new(fmxrun::Client::connect_to(addr, rank, size, job, fmxrun::HUB)?)))
+    }
+
     pub(crate) fn rank(&self) -> u32 {
         self.launcher.rank()
     }
@@ -191,8 +200,8 @@ impl Bootstrap {
     }
 
     /// [`Launcher::spawn_world`].
-    pub(crate) fn spawn_world(&mut self, np: u32, bridge: bool, values: &str) -> Result<Option<(String, String)>> {
-        self.launcher.spawn_world(np, bridge, values)
+    pub(crate) fn spawn_world(&mut self, np: u32, bridge: bool, values: &str, generation: u32) -> Result<Option<(String, String)>> {
+        self.launcher.spawn_world(np, bridge, values, generation)
     }
 
     /// A value left by the world that spawned this one.

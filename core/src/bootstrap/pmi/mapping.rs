@@ -7,6 +7,26 @@
 /// Node index of every rank, in rank order; an error if `text` is malformed
 /// or cannot describe a job of `size` ranks.
 pub(crate) fn parse(text: &str, size: u32) -> Result<Vec<u32>, String> {
+    let (nodes, triples, per_pass) = place(text, size)?;
+    // A mapping smaller than the job repeats; one larger than the job must
+    // end on a block boundary (it lists the nodes the job actually uses).
+    if per_pass > u64::from(size) && !ends_on_block(&triples, size) {
+        return Err(format!("PMI_process_mapping {text:?} does not match a job of {size} ranks"));
+    }
+    Ok(nodes)
+}
+
+/// [`parse`] for a mapping of places rather than ranks (Hydra's for a
+/// spawned world): the ranks take the first `size` places, wherever the
+/// last one falls in its block.
+pub(crate) fn parse_first(text: &str, size: u32) -> Result<Vec<u32>, String> {
+    place(text, size).map(|(nodes, _, _)| nodes)
+}
+
+/// The first `size` places of `text`, its triples and how many places one
+/// pass of them holds.
+#[allow(clippy::type_complexity)]
+fn place(text: &str, size: u32) -> Result<(Vec<u32>, Vec<(u32, u32, u32)>, u64), String> {
     let triples = triples(text).ok_or_else(|| format!("PMI_process_mapping {text:?} is not (vector,(start,nodes,ranks),...)"))?;
     let per_pass: u64 = triples.iter().map(|&(_, n, r)| u64::from(n) * u64::from(r)).sum();
     if per_pass == 0 {
@@ -28,12 +48,7 @@ pub(crate) fn parse(text: &str, size: u32) -> Result<Vec<u32>, String> {
             }
         }
     }
-    // A mapping smaller than the job repeats; one larger than the job must
-    // end on a block boundary (it lists the nodes the job actually uses).
-    if per_pass > u64::from(size) && !ends_on_block(&triples, size) {
-        return Err(format!("PMI_process_mapping {text:?} does not match a job of {size} ranks"));
-    }
-    Ok(nodes)
+    Ok((nodes, triples, per_pass))
 }
 
 /// Whether some whole number of nodes of the first pass places exactly
@@ -91,6 +106,15 @@ mod tests {
         assert!(parse("(vector,(0,0,0))", 4).unwrap_err().contains("no rank"));
         let e = parse("(vector,(0,2,4))", 5).unwrap_err();
         assert!(e.contains("does not match a job of 5 ranks"), "{e}");
+    }
+
+    #[test]
+    fn a_spawned_worlds_mapping_of_places_gives_its_ranks_the_first_ones() {
+        // Seen from Hydra 4.0.2: a world of 1 spawned onto node 1's 2 slots.
+        assert_eq!(super::parse_first("(vector,(1,1,2))", 1).unwrap(), [1]);
+        assert_eq!(super::parse_first("(vector,(0,2,2))", 3).unwrap(), [0, 0, 1]);
+        assert!(parse("(vector,(1,1,2))", 1).is_err());
+        assert!(super::parse_first("(vector,(0,0,0))", 1).is_err());
     }
 
     /// Item 17 of issue 15: a start index that overflows is an error, not a

@@ -9,6 +9,7 @@
 mod fd;
 mod hierarchy;
 mod mapping;
+pub(crate) mod spawn_world;
 mod wire;
 
 use std::io::BufReader;
@@ -75,6 +76,18 @@ pub struct SpawnRequest {
     pub values: Vec<(String, String)>,
 }
 
+/// Sends PMI's abort on `conn` (see [`Client::abort`]).
+fn abort_on(conn: &wire::Deadlined, version: Version, rank: u32, code: i32, why: &str) {
+    // Neither form can carry a ';' or a newline inside a value.
+    let why: String = why.chars().map(|c| if matches!(c, ';' | '\n' | '\r') { ',' } else { c }).collect();
+    let bytes = match version {
+        Version::V1 => Msg::new("abort").with("exitcode", code).to_v1().into_bytes(),
+        Version::V2 => Msg::new("abort").with("isworld", "TRUE").with("msg", &why).to_v2(),
+    };
+    eprintln!("fmx: rank {rank} aborts the job (exit code {code}): {why}");
+    let _ = conn.send_now(&bytes);
+}
+
 /// A connected PMI client.
 pub(crate) struct Client {
     version: Version,
@@ -96,6 +109,8 @@ pub(crate) struct Client {
     /// slowest rank's work: no deadline, but this is asked every second
     /// whether a peer died meanwhile.
     watch: Option<Watch>,
+    /// The rendezvous this rank serves for bridges to worlds it spawned.
+    hubs: Vec<std::thread::JoinHandle<()>>,
 }
 
 /// Answers the error to give up with when a peer is gone, else `None`.
@@ -174,6 +189,7 @@ impl Client {
             value_max: PMI2_VALUE_MAX,
             rounds: 0,
             watch: None,
+            hubs: Vec::new(),
         };
         c.handshake(hints)?;
         if c.size == 0 || c.rank >= c.size {
@@ -249,6 +265,12 @@ impl Client {
             }
         };
         match value {
+            // Hydra 4.0 gives a spawned world the mapping of the slots it
+            // fills, not of its ranks (a world of 1 on a host of 2 slots:
+            // `(vector,(1,1,2))`): there the ranks take the first places.
+            Some(text) if self.spawned => {
+                mapping::parse_first(&text, self.size).map_err(|e| Error::Bootstrap(format!("mismatched sizes: {e}")))
+            }
             Some(text) => mapping::parse(&text, self.size).map_err(|e| Error::Bootstrap(format!("mismatched sizes: {e}"))),
             None => Ok(vec![0; self.size as usize]),
         }
@@ -407,6 +429,7 @@ impl Client {
 
     /// A barrier, then the finalize handshake.
     pub(crate) fn finalize(&mut self) -> Result<()> {
+        self.let_hubs_end();
         self.barrier()?;
         match self.version {
             Version::V1 => self.call(&Msg::new("finalize"), "finalize_ack").map(drop),
@@ -416,16 +439,13 @@ impl Client {
 
     /// Asks the process manager to start a new world (one caller, not collective).
     pub(crate) fn spawn(&mut self, req: &SpawnRequest) -> Result<()> {
-        if self.slurm {
-            // Tried with Slurm 22.05: srun runs the new world as a step of the
-            // current allocation, and when the allocation has no free CPUs the
-            // step fails by cancelling the whole job, not with an error reply.
-            return Err(Error::Launch(
-                "spawn is not supported under Slurm's PMI-2 (srun --mpi=pmi2): Slurm would start the new world as a step of this \
-                 allocation and cancels the whole job when that step cannot start; launch with Hydra (mpiexec) to spawn"
-                    .into(),
-            ));
+        self.refuse_spawn_under_slurm()?;
+        let mut req = req.clone();
+        if !req.values.iter().any(|(k, _)| k == spawn_world::KEY_LINEAGE) {
+            // The new world is a program of its own, no world of fmx's (see KEY_LINEAGE).
+            req.values.push((spawn_world::KEY_LINEAGE.to_string(), "-".to_string()));
         }
+        let req = &req;
         for (k, v) in req.args.iter().map(|a| ("argument", a)).chain(req.values.iter().map(|(_, v)| ("value", v))) {
             if v.is_empty() || v.contains([' ', '\n', ';', '\t']) {
                 return Err(Error::Launch(format!(
@@ -468,19 +488,33 @@ impl Client {
         }
     }
 
+    fn refuse_spawn_under_slurm(&self) -> Result<()> {
+        if self.slurm {
+            // Tried with Slurm 22.05: srun runs the new world as a step of the
+            // current allocation, and when the allocation has no free CPUs the
+            // step fails by cancelling the whole job, not with an error reply.
+            return Err(Error::Launch(
+                "spawn is not supported under Slurm's PMI-2 (srun --mpi=pmi2): Slurm would start the new world as a step of this \
+                 allocation and cancels the whole job when that step cannot start; launch with Hydra (mpiexec) to spawn"
+                    .into(),
+            ));
+        }
+        Ok(())
+    }
+
     /// Asks the process manager to end the whole job (`PMI_Abort`): Hydra kills
     /// every rank, on every node, and mpiexec exits with `code`. Without it a
     /// rank that fails leaves the job waiting on ranks that wait on it, or on
     /// a node that is gone. Best effort: no reply is read.
     pub(crate) fn abort(&self, code: i32, why: &str) {
-        // Neither form can carry a ';' or a newline inside a value.
-        let why: String = why.chars().map(|c| if matches!(c, ';' | '\n' | '\r') { ',' } else { c }).collect();
-        let bytes = match self.version {
-            Version::V1 => Msg::new("abort").with("exitcode", code).to_v1().into_bytes(),
-            Version::V2 => Msg::new("abort").with("isworld", "TRUE").with("msg", &why).to_v2(),
-        };
-        eprintln!("fmx: rank {} aborts the job (exit code {code}): {why}", self.rank);
-        let _ = self.conn.get_ref().send_now(&bytes);
+        abort_on(self.conn.get_ref(), self.version, self.rank, code, why);
+    }
+
+    /// What aborts the job from another thread (the bridge's rendezvous,
+    /// when a member fails): a second handle on the PMI connection.
+    pub(crate) fn aborter(&self) -> std::io::Result<impl FnOnce(i32, &str) + Send + 'static> {
+        let (conn, version, rank) = (self.conn.get_ref().try_clone()?, self.version, self.rank);
+        Ok(move |code: i32, why: &str| abort_on(&conn, version, rank, code, why))
     }
 
     /// Sends a request and checks the reply's command and `rc`.
@@ -601,6 +635,9 @@ impl super::launcher::Launcher for Client {
     }
     fn spawn(&mut self, req: &SpawnRequest) -> Result<()> {
         Client::spawn(self, req)
+    }
+    fn spawn_world(&mut self, np: u32, bridge: bool, values: &str, generation: u32) -> Result<Option<(String, String)>> {
+        Client::spawn_world(self, np, bridge, values, generation)
     }
     fn abort(&self, code: i32, why: &str) {
         Client::abort(self, code, why);

@@ -137,6 +137,11 @@ impl Deadlined {
         Self { stream, deadline: None }
     }
 
+    /// A second handle on the same connection (for an abort from another thread).
+    pub(crate) fn try_clone(&self) -> io::Result<Self> {
+        Ok(Self { stream: self.stream.try_clone()?, deadline: None })
+    }
+
     /// Writes `bytes` at once, giving up after 200 ms (an abort must not block).
     pub(crate) fn send_now(&self, bytes: &[u8]) -> io::Result<()> {
         self.stream.set_write_timeout(Some(std::time::Duration::from_millis(200)))?;

@@ -123,6 +123,8 @@ pub const SETTINGS: &[Setting] = &[
     s("FMX_BOOT_TIMEOUT", Kind::Seconds, "120", Scope::Job, "Seconds a start-up round under fmxrun may take"),
     s("FMX_PMI", Kind::Choice(&["auto", "1", "2"]), "auto", Scope::Job, "PMI version under a PMI process manager (1: Hydra, 2: Slurm)"),
     s("FMX_PMI_TIMEOUT", Kind::Seconds, "120", Scope::Job, "Seconds one PMI request may wait for its answer"),
+    s("FMX_BRIDGE_ADDR", Kind::Text, "127.0.0.1", Scope::Job,
+      "Under Hydra: where a world's rank 0 serves the bridge to a world it spawns: an IP address of its host, or hostname (what the host's name resolves to)"),
     s("FMX_PMI_HIERARCHY", Kind::Choice(&["auto", "on", "off"]), "auto (on from 64 ranks with 4 per node)", Scope::Job,
       "Exchange addresses through one leader per node"),
     s("FMX_MALLEABLE_MODE", Kind::Choice(&["intercomm", "checkpoint"]), "intercomm", Scope::Job,
