@@ -392,6 +392,7 @@ impl Comm {
                 last_check = std::time::Instant::now();
                 let blocked = self.sh.engine.borrow_mut().blocked(waits_on, during);
                 if let Some(e) = blocked {
+                    self.sh.engine.borrow_mut().progress_all(&mut self.sh.lend.borrow_mut())?;
                     return attempt()?.ok_or_else(|| self.localize(e));
                 }
             }

@@ -212,10 +212,21 @@ impl Intercomm {
     }
 
     fn close(&mut self) -> Result<()> {
-        match self.bridge.take() {
-            Some(b) => b.close(),
-            None => Ok(()),
+        if self.bridge.is_none() {
+            return Ok(());
         }
+        // No process finalizes the bridge's endpoint before every process
+        // has reached here, so before every message on it was received: a
+        // finalized peer reads as gone to a receive still waiting on it, and
+        // over verbs between two kernels its last word was seen ahead of a
+        // message it had sent before (the two-kernel cluster's malleable run).
+        let settled = self.barrier();
+        let b = self.bridge.take().expect("checked above");
+        if let Err(e) = settled {
+            b.sh.finalized.set(true);
+            return Err(e);
+        }
+        b.close()
     }
 
     /// Errors name the remote group, so a dead peer reads as "remote rank r".

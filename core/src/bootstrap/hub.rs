@@ -40,6 +40,9 @@ impl Group {
     }
 }
 
+/// How long after a member's failure the job is ended.
+const ABORT_GRACE: Duration = Duration::from_secs(1);
+
 /// What ends the job when a member fails: exit code, reason.
 pub(crate) type Abort = Box<dyn FnOnce(i32, &str) + Send>;
 
@@ -55,7 +58,13 @@ pub(crate) fn serve(
     let listener = TcpListener::bind((bind, 0))?;
     let addr = listener.local_addr()?.to_string();
     let hub = std::thread::Builder::new().name("fmx-bridge-hub".into()).spawn(move || match run(&listener, group, timeout) {
-        Err(Ended::Failed(why)) => abort(1, &why),
+        Err(Ended::Failed(why)) => {
+            // The members were told; the failed rank's own last words (its
+            // stderr, through the process manager) go first, then the
+            // process manager ends the job, as fmxrun does after its grace.
+            std::thread::sleep(ABORT_GRACE);
+            abort(1, &why);
+        }
         Err(Ended::Io(e)) => tracing::debug!("the bridge's rendezvous ended: {e}"),
         Ok(()) => {}
     })?;

@@ -696,7 +696,7 @@ impl Engine {
                 }
                 self.connect_waited_on(peer);
                 if let Some(state) = self.gone(peer) {
-                    self.progress(lend)?;
+                    self.progress_all(lend)?;
                     if self.reqs.is_pending(id) {
                         self.reqs.fail(id, peer_gone(peer, what, state, false));
                         self.cancel(id); // failed first: what the cancel settles cannot replace the reason
@@ -715,7 +715,7 @@ impl Engine {
                 let newly =
                     members.iter().copied().filter(|&p| p != me && !reported.contains(&p)).find_map(|p| self.gone(p).map(|s| (p, s)));
                 if let Some((peer, state)) = newly {
-                    self.progress(lend)?;
+                    self.progress_all(lend)?;
                     if let Some(r) = self.reqs.get_mut(id).filter(|r| matches!(r.state, requests::State::Pending)) {
                         r.reported.push(peer);
                         let all_gone = members.iter().all(|&p| p == me || r.reported.contains(&p));
@@ -727,6 +727,21 @@ impl Engine {
                         self.cancel(id); // failed first: what the cancel settles cannot replace the reason
                     }
                 }
+            }
+        }
+        Ok(())
+    }
+
+    /// Takes everything that has arrived, not one poll's batch: before a
+    /// wait fails on a peer found gone (or finalized), what that peer sent
+    /// before it left must have been matched. Over verbs the peer's
+    /// finalized word can be read while many of its earlier messages still
+    /// wait in the completion queue (seen in the two-kernel cluster: a
+    /// bridge's receive failed with "finalized without a matching operation").
+    pub(crate) fn progress_all(&mut self, lend: &mut LendTable) -> Result<()> {
+        for _ in 0..PROGRESS_ALL_ROUNDS {
+            if self.progress(lend)? == 0 {
+                break;
             }
         }
         Ok(())
@@ -931,6 +946,9 @@ impl Engine {
         Ok(self.tp.try_send(dest, &MsgHeader::eager(match_bits(ctx, tag), data.len(), 0), data)?)
     }
 }
+
+/// Bounds [`Engine::progress_all`] (each round takes up to `POLL_BATCH` arrivals).
+const PROGRESS_ALL_ROUNDS: usize = 4096;
 
 /// The error for `peer` departed (in `state`) while `what` waited on it.
 fn peer_gone(peer: u32, what: &str, state: PeerState, pending: bool) -> Error {

@@ -19,6 +19,7 @@ use crate::spawn::Lineage;
 pub(crate) const KEY_LINEAGE: &str = "fmx-lineage";
 
 /// How long finalize waits for a rendezvous this rank serves to end.
+/// (Longer than the rendezvous's own grace before it aborts.)
 const HUB_GRACE: std::time::Duration = std::time::Duration::from_secs(3);
 
 /// `lineage` as one PMI value: `generation,parent_size,xHEX(values),bridge,job`
