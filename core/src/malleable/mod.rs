@@ -105,7 +105,10 @@ pub fn intercomm_available() -> bool {
 }
 
 /// How many times the job has reconfigured before this world started (DMR's
-/// `dmr_get_reconfig_count`; not a progress counter).
+/// `dmr_get_reconfig_count`; not a progress counter), as fmxrun's
+/// environment says, so before `init` too. Under Hydra the count travels in
+/// the spawn's values, which only a started fmx can read: ask
+/// [`Malleable::reconfig_count`] (or `Fmx::reconfig_count`) there.
 pub fn reconfig_count() -> u32 {
     crate::spawn::reconfig_count()
 }
