@@ -159,14 +159,19 @@ fn world_sizes(o: &Output) -> Vec<u32> {
 /// spawn, and in intercomm mode the bridge between the two worlds is served
 /// by the old world's rank 0 (no fmxrun). Grows, shrinks and keeps the size;
 /// every block arrives where the new distribution puts it (the scenario
-/// checks each element); checkpoint-restart too.
+/// checks each element); checkpoint-restart too, with the first world's
+/// rank 1 writing its files 500 ms late (the new world starts only after
+/// every old rank has written).
 #[test]
 #[ignore = "needs MPICH's mpiexec.hydra: scripts/test-all installs it and runs these"]
 fn hydra_reconfigures_a_malleable_job_through_pmi_spawn() {
     let dir = std::env::temp_dir().join(format!("fmx-hydra-ckpt-{}", std::process::id()));
     let ckpt = dir.to_string_lossy().into_owned();
-    let cases: [(&str, Vec<(&str, &str)>); 3] =
-        [("1", vec![]), ("2", vec![]), ("1", vec![("FMX_MALLEABLE_MODE", "checkpoint"), ("FMX_CHECKPOINT_DIR", &ckpt)])];
+    let cases: [(&str, Vec<(&str, &str)>); 3] = [
+        ("1", vec![]),
+        ("2", vec![]),
+        ("1", vec![("FMX_MALLEABLE_MODE", "checkpoint"), ("FMX_CHECKPOINT_DIR", &ckpt), ("FMX_ITEST_SLOW", "0:1")]),
+    ];
     for (pmi, extra) in cases {
         let mut env = vec![("FMX_ITEST_SIZES", "4,1,3,3,2")];
         env.extend(extra.iter().copied());

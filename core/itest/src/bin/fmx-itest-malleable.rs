@@ -3,7 +3,8 @@
 //! `walk`: each world checks the state it received (every element), works
 //! one step, and reconfigures to the next size of `FMX_ITEST_SIZES`, carrying
 //! arrays of global_n in {0, 1, 7, M-1, 10^6+3} and the iteration count.
-//! `FMX_ITEST_DIE=g:r` makes rank r of world g exit during its sends.
+//! `FMX_ITEST_DIE=g:r` makes rank r of world g exit during its sends;
+//! `FMX_ITEST_SLOW=g:r` makes it sleep 500 ms before them.
 //! `intercomm`: intercommunicators between two halves of one world.
 //! `spawn`: a world of 2 spawns 3 and both use the intercommunicator.
 
@@ -64,10 +65,12 @@ fn walk() -> R {
         .filter(|s| !s.is_empty())
         .map(|s| s.parse().map_err(|_| format!("FMX_ITEST_SIZES: {s:?}")))
         .collect::<R<_>>()?;
-    let die: Option<(u32, u32)> = std::env::var("FMX_ITEST_DIE").ok().and_then(|v| {
+    let rank_of_world = |var: &str| -> Option<(u32, u32)> {
+        let v = std::env::var(var).ok()?;
         let (g, r) = v.split_once(':')?;
         Some((g.parse().ok()?, r.parse().ok()?))
-    });
+    };
+    let (die, slow) = (rank_of_world("FMX_ITEST_DIE"), rank_of_world("FMX_ITEST_SLOW"));
     let mut m = Malleable::init(Mode::from_env().map_err(e2s)?).map_err(e2s)?;
     let (me, size, generation) = (m.world().rank(), m.world().size(), m.reconfig_count());
     println!("PID {}", std::process::id());
@@ -113,6 +116,9 @@ fn walk() -> R {
     if let Some(dep) = decided {
         let next = dep.new_size();
         let err = dep.leave(|out| {
+            if slow == Some((generation, me)) {
+                std::thread::sleep(std::time::Duration::from_millis(500));
+            }
             out.value("iter", iter)?;
             for (a, &n) in sizes_for(next).iter().enumerate() {
                 if die == Some((generation, me)) && a == 4 {

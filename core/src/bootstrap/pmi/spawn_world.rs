@@ -70,12 +70,16 @@ fn bridge_address(setting: &str) -> Result<std::net::IpAddr> {
 }
 
 impl Client {
-    /// Collective over this world: rank 0 starts `np` processes of this
-    /// program (and, with `bridge`, serves the bridge's rendezvous); every
-    /// rank learns the bridge's address, or rank 0's error, through the
-    /// key-value space, so that no rank waits for a bridge that will never be.
+    /// Collective over this world: once every rank has called (as under
+    /// fmxrun, whose round starts the world only then: in checkpoint-restart
+    /// mode each old rank's file is in place before a new rank looks for it),
+    /// rank 0 starts `np` processes of this program (and, with `bridge`,
+    /// serves the bridge's rendezvous); every rank learns the bridge's
+    /// address, or rank 0's error, through the key-value space, so that no
+    /// rank waits for a bridge that will never be.
     pub(crate) fn spawn_world(&mut self, np: u32, bridge: bool, values: &str, generation: u32) -> Result<Option<(String, String)>> {
         let job = super::super::launcher::job_id_from("pmibridge", &format!("{}_{}", self.job, generation + 1));
+        self.fence()?;
         let outcome = if self.rank == 0 {
             self.start_world(np, bridge, values, generation, &job).map_err(|e| match e {
                 Error::Launch(why) => why,
