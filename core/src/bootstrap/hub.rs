@@ -106,22 +106,15 @@ fn run(listener: &TcpListener, group: Group, timeout: Duration) -> Result<(), En
         let (ops, bodies): (Vec<u8>, Vec<Vec<u8>>) = frames.into_iter().flatten().unzip();
         let op = ops[0];
         if let Some(r) = ops.iter().position(|&o| o != op) {
-            let why = format!("the bridge's members disagree on the round: rank 0 sent {:?}, rank {r} {:?}", op as char, ops[r] as char);
-            for mut s in &members {
-                let _ = wire::write_frame(&mut s, OP_ERROR, why.as_bytes());
-            }
-            return Err(Ended::Io(io::Error::new(io::ErrorKind::InvalidData, why)));
+            return refuse_all(
+                &members,
+                format!("the bridge's members disagree on the round: rank 0 sent {:?}, rank {r} {:?}", op as char, ops[r] as char),
+            );
         }
         let reply = match op {
             OP_ALLGATHER => wire::encode_blobs(&bodies),
             OP_BARRIER | OP_FINALIZE => Vec::new(),
-            _ => {
-                let why = format!("the bridge's rendezvous serves no round {:?}", op as char);
-                for mut s in &members {
-                    let _ = wire::write_frame(&mut s, OP_ERROR, why.as_bytes());
-                }
-                return Err(Ended::Io(io::Error::new(io::ErrorKind::InvalidData, why)));
-            }
+            _ => return refuse_all(&members, format!("the bridge's rendezvous serves no round {:?}", op as char)),
         };
         for mut s in &members {
             wire::write_frame(&mut s, op, &reply)?;
@@ -186,10 +179,20 @@ fn readable(members: &[TcpStream], waiting: &[usize]) -> io::Result<Vec<usize>> 
     Ok(waiting.iter().zip(&fds).filter(|(_, f)| !f.revents().is_empty()).map(|(&r, _)| r).collect())
 }
 
+/// Tells every member that the round cannot be served (`why`), and ends.
+fn refuse_all(members: &[TcpStream], why: String) -> Result<(), Ended> {
+    for mut s in members {
+        let _ = wire::write_frame(&mut s, OP_ERROR, why.as_bytes());
+    }
+    Err(Ended::Io(io::Error::new(io::ErrorKind::InvalidData, why)))
+}
+
 /// Tells every member but `r` that bridge rank `r` failed, and ends.
 fn fail(members: &[TcpStream], r: usize, group: Group, why: &str) -> Result<(), Ended> {
-    let (generation, rank) = group.origin(r as u32);
-    let notice = Notice { member: Some(r as u32), generation, rank, reason: why.to_string() }.encode();
+    // Bridge ranks are below the group's size, a u32.
+    let member = u32::try_from(r).expect("a bridge rank fits in u32");
+    let (generation, rank) = group.origin(member);
+    let notice = Notice { member: Some(member), generation, rank, reason: why.to_string() }.encode();
     for (k, mut s) in members.iter().enumerate() {
         if k != r {
             let _ = wire::write_frame(&mut s, OP_NOTICE, &notice);
