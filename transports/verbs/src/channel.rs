@@ -150,9 +150,9 @@ impl Channel {
         if self.free.len() == SENDS {
             return;
         }
-        let mut wcs = [ffi::ibv_wc::default(); SENDS];
-        if let Ok(n) = self.cq.poll(&mut wcs) {
-            for wc in &wcs[..n] {
+        let mut wcs = [std::mem::MaybeUninit::uninit(); SENDS];
+        if let Ok(done) = self.cq.poll(&mut wcs) {
+            for wc in done {
                 let i = wc.wr_id() as usize;
                 if i < SENDS && !self.free.contains(&i) {
                     self.free.push(i);

@@ -132,7 +132,8 @@ pub struct Link {
     psn: u32,
     /// Next work-request sequence number; unsignaled requests complete with the next signaled one.
     seq: u64,
-    inflight: VecDeque<(u64, Inflight)>,
+    /// (sequence number, what it holds, whether it was signaled).
+    inflight: VecDeque<(u64, Inflight, bool)>,
     unsignaled: u32,
     /// The path MTU in bytes: eager messages the header would push into
     /// one more packet carry it in immediate data instead.
@@ -428,6 +429,7 @@ impl VerbsSetup {
             srq: self.srq,
             send_cq: self.send_cq,
             recv_cq: self.recv_cq,
+            signaled_out: 0,
             pd: self.pd,
             _chosen: self.chosen,
         })
@@ -499,6 +501,8 @@ pub struct VerbsEndpoint {
     srq: Option<Arc<Srq>>,
     send_cq: Arc<Cq>,
     recv_cq: Arc<Cq>,
+    /// Signaled send requests not yet reaped (none: the send queue is not polled).
+    signaled_out: usize,
     pd: Arc<Pd>,
     _chosen: Chosen,
     /// What every RDMA endpoint keeps alike. Its queue pairs are destroyed
@@ -588,7 +592,8 @@ impl VerbsEndpoint {
         unsafe { qp.post_send(&wr) }.map_err(|source| TransportError::Io { op: "ibv_post_send", peer, source })?;
         p.link.seq += 1;
         p.link.unsignaled = if signaled { 0 } else { p.link.unsignaled + 1 };
-        p.link.inflight.push_back((seq, what));
+        p.link.inflight.push_back((seq, what, signaled));
+        self.signaled_out += usize::from(signaled);
         Ok(())
     }
 
@@ -610,12 +615,21 @@ impl VerbsEndpoint {
 
     /// Handles send-side completions: frees send slots, advances one-sided ops,
     /// records failures against the peer.
+    ///
+    /// Only a signaled request (and every one before it) completes: with
+    /// none outstanding the queue has nothing to give, and a wait (which
+    /// reaps on every poll) skips the poll. A failed unsignaled request's
+    /// error is read with the next signaled one (a liveness probe is one).
     fn reap_sends(&mut self) -> Result<usize, TransportError> {
-        let mut wcs = [ffi::ibv_wc::default(); CQ_BATCH];
+        if self.signaled_out == 0 {
+            return Ok(0);
+        }
+        let mut wcs = [std::mem::MaybeUninit::uninit(); CQ_BATCH];
         let mut total = 0;
         loop {
-            let n = self.send_cq.poll(&mut wcs).map_err(setup_error("poll the send completion queue"))?;
-            for wc in &wcs[..n] {
+            let done = self.send_cq.poll(&mut wcs).map_err(setup_error("poll the send completion queue"))?;
+            let n = done.len();
+            for wc in done {
                 let peer = (wc.wr_id() >> PEER_SHIFT) as PeerId;
                 let seq = wc.wr_id() & ((1 << PEER_SHIFT) - 1);
                 let failure = wc.error().map(|(status, vendor)| {
@@ -704,8 +718,9 @@ impl VerbsEndpoint {
             // Keep the first real cause; flushes only follow one.
             p.life.mark_dead(format!("device {} reported: {reason}", self.device), reason.starts_with("flushed"));
         }
-        while p.link.inflight.front().is_some_and(|(s, _)| *s <= seq) {
-            let (_, what) = p.link.inflight.pop_front().expect("front exists");
+        while p.link.inflight.front().is_some_and(|(s, _, _)| *s <= seq) {
+            let (_, what, signaled) = p.link.inflight.pop_front().expect("front exists");
+            self.signaled_out -= usize::from(signaled);
             match what {
                 Inflight::Slot(lease) => self.send_pool.release(lease),
                 Inflight::Op(id) => {
@@ -805,11 +820,12 @@ impl RdmaDevice for VerbsEndpoint {
 
     fn receive(&mut self, core: Core, max: usize, out: &mut Vec<Arrival>) -> Result<usize, TransportError> {
         let mut n = 0;
-        let mut wcs = [ffi::ibv_wc::default(); CQ_BATCH];
+        let mut wcs = [std::mem::MaybeUninit::uninit(); CQ_BATCH];
         while n < max {
             let want = CQ_BATCH.min(max - n);
-            let got = self.recv_cq.poll(&mut wcs[..want]).map_err(setup_error("poll the receive completion queue"))?;
-            for wc in &wcs[..got] {
+            let done = self.recv_cq.poll(&mut wcs[..want]).map_err(setup_error("poll the receive completion queue"))?;
+            let got = done.len();
+            for wc in done {
                 if self.on_demand.as_ref().is_some_and(|od| od.channel.qpn() == wc.qp_num) {
                     self.on_datagram(wc);
                     continue;

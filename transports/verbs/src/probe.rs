@@ -25,12 +25,12 @@ pub struct Row {
 
 fn wait(cq: &Cq, what: &str) -> Result<ffi::ibv_wc, String> {
     let deadline = Instant::now() + Duration::from_secs(5);
-    let mut wc = [ffi::ibv_wc::default(); 1];
+    let mut wc = [std::mem::MaybeUninit::uninit(); 1];
     loop {
-        match cq.poll(&mut wc) {
-            Ok(1) => {
-                return match wc[0].error() {
-                    None => Ok(wc[0]),
+        match cq.poll(&mut wc).map(|done| done.first().copied()) {
+            Ok(Some(wc)) => {
+                return match wc.error() {
+                    None => Ok(wc),
                     Some((status, _)) => Err(format!("{what}: completion status {status}")),
                 }
             }

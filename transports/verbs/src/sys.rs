@@ -7,6 +7,7 @@
 //! its parent, so a context outlives its protection domain, which outlives
 //! its memory regions, queues and queue pairs, whatever order they drop in.
 
+use std::mem::MaybeUninit;
 use std::ffi::CStr;
 use std::io;
 use std::ptr::NonNull;
@@ -275,10 +276,14 @@ impl Cq {
         Ok(Arc::new(Self { cq, _ctx: ctx.clone() }))
     }
 
-    /// Fills the front of `out` with completions; returns how many.
-    pub(crate) fn poll(&self, out: &mut [ffi::ibv_wc]) -> io::Result<usize> {
+    /// Fills the front of `out` with completions and returns them. `out`
+    /// needs no initialising: a poll that finds nothing (most of a wait's
+    /// polls) writes nothing, and zeroing the array each time would cost as
+    /// much as the poll under an emulated CPU.
+    pub(crate) fn poll<'a>(&self, out: &'a mut [MaybeUninit<ffi::ibv_wc>]) -> io::Result<&'a [ffi::ibv_wc]> {
         // SAFETY: ibv_poll_cq is a static inline that calls the provider's
-        // poll_cq through the context's op table; `out` has room for `len` entries.
+        // poll_cq through the context's op table; `out` has room for `len`
+        // entries, and the provider writes (and so initialises) the first n.
         let n = unsafe {
             let ctx = (*self.cq.as_ptr()).context;
             let poll = (*ctx).ops.poll_cq.expect("provider has poll_cq");
@@ -287,7 +292,8 @@ impl Cq {
         if n < 0 {
             return Err(io::Error::other("ibv_poll_cq failed"));
         }
-        Ok(n as usize)
+        // SAFETY: the provider initialised out[..n] (n <= out.len()); MaybeUninit<T> has T's layout.
+        Ok(unsafe { std::slice::from_raw_parts(out.as_ptr().cast::<ffi::ibv_wc>(), (n as usize).min(out.len())) })
     }
 }
 
