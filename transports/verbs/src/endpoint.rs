@@ -132,8 +132,7 @@ pub struct Link {
     psn: u32,
     /// Next work-request sequence number; unsignaled requests complete with the next signaled one.
     seq: u64,
-    /// (sequence number, what it holds, whether it was signaled).
-    inflight: VecDeque<(u64, Inflight, bool)>,
+    inflight: VecDeque<(u64, Inflight)>,
     unsignaled: u32,
     /// The path MTU in bytes: eager messages the header would push into
     /// one more packet carry it in immediate data instead.
@@ -429,7 +428,6 @@ impl VerbsSetup {
             srq: self.srq,
             send_cq: self.send_cq,
             recv_cq: self.recv_cq,
-            signaled_out: 0,
             pd: self.pd,
             _chosen: self.chosen,
         })
@@ -501,8 +499,6 @@ pub struct VerbsEndpoint {
     srq: Option<Arc<Srq>>,
     send_cq: Arc<Cq>,
     recv_cq: Arc<Cq>,
-    /// Signaled send requests not yet reaped (none: the send queue is not polled).
-    signaled_out: usize,
     pd: Arc<Pd>,
     _chosen: Chosen,
     /// What every RDMA endpoint keeps alike. Its queue pairs are destroyed
@@ -592,8 +588,7 @@ impl VerbsEndpoint {
         unsafe { qp.post_send(&wr) }.map_err(|source| TransportError::Io { op: "ibv_post_send", peer, source })?;
         p.link.seq += 1;
         p.link.unsignaled = if signaled { 0 } else { p.link.unsignaled + 1 };
-        p.link.inflight.push_back((seq, what, signaled));
-        self.signaled_out += usize::from(signaled);
+        p.link.inflight.push_back((seq, what));
         Ok(())
     }
 
@@ -615,15 +610,11 @@ impl VerbsEndpoint {
 
     /// Handles send-side completions: frees send slots, advances one-sided ops,
     /// records failures against the peer.
-    ///
-    /// Only a signaled request (and every one before it) completes: with
-    /// none outstanding the queue has nothing to give, and a wait (which
-    /// reaps on every poll) skips the poll. A failed unsignaled request's
-    /// error is read with the next signaled one (a liveness probe is one).
+    /// Polled even while no signaled request is outstanding: a failed
+    /// unsignaled request completes (with its error) all the same, and a
+    /// sender out of credits toward a dead peer posts nothing that would be
+    /// signaled (the device test of a vanished peer found this).
     fn reap_sends(&mut self) -> Result<usize, TransportError> {
-        if self.signaled_out == 0 {
-            return Ok(0);
-        }
         let mut wcs = [std::mem::MaybeUninit::uninit(); CQ_BATCH];
         let mut total = 0;
         loop {
@@ -718,9 +709,8 @@ impl VerbsEndpoint {
             // Keep the first real cause; flushes only follow one.
             p.life.mark_dead(format!("device {} reported: {reason}", self.device), reason.starts_with("flushed"));
         }
-        while p.link.inflight.front().is_some_and(|(s, _, _)| *s <= seq) {
-            let (_, what, signaled) = p.link.inflight.pop_front().expect("front exists");
-            self.signaled_out -= usize::from(signaled);
+        while p.link.inflight.front().is_some_and(|(s, _)| *s <= seq) {
+            let (_, what) = p.link.inflight.pop_front().expect("front exists");
             match what {
                 Inflight::Slot(lease) => self.send_pool.release(lease),
                 Inflight::Op(id) => {

@@ -7,9 +7,9 @@
 //! its parent, so a context outlives its protection domain, which outlives
 //! its memory regions, queues and queue pairs, whatever order they drop in.
 
-use std::mem::MaybeUninit;
 use std::ffi::CStr;
 use std::io;
+use std::mem::MaybeUninit;
 use std::ptr::NonNull;
 use std::sync::Arc;
 
