@@ -234,7 +234,7 @@ pub(crate) fn open_world(mut boot: bootstrap::Bootstrap, local_ranks: usize) -> 
         max_ctx: Cell::new(1),
         check_colls: coll::check::enabled_from_env()?,
         in_coll: Cell::new(false),
-        spare_pending: RefCell::new(Vec::new()),
+        spare_pending: RefCell::new(std::collections::VecDeque::new()),
     });
     comm::register_engine(&sh);
     Ok(Comm::new(sh, 0, (0..size).collect(), size))

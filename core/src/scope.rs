@@ -38,7 +38,10 @@ pub(crate) enum Check {
 }
 
 /// A scope's requests not yet waited for: id, element size, checks.
-pub(crate) type PendingList = Vec<(ReqId, usize, Check)>;
+/// In posting order: a wait finds its request by looking from the front,
+/// and requests waited for in the order they were posted (a window's
+/// `wait_all`) are each found first and leave in O(1).
+pub(crate) type PendingList = std::collections::VecDeque<(ReqId, usize, Check)>;
 
 /// Where non-blocking operations live; see [`Comm::scope`].
 ///
@@ -51,7 +54,7 @@ pub struct Scope<'s, 'env> {
     lender: &'s Lender<'s, 'env>,
     /// Requests not yet waited for, with their element sizes and exactness
     /// (for the checks [`Scope::wait`] makes when the scope completes them).
-    pending: RefCell<Vec<(ReqId, usize, Check)>>,
+    pending: RefCell<PendingList>,
 }
 
 impl<'s, 'env> Scope<'s, 'env> {
@@ -66,7 +69,7 @@ impl<'s, 'env> Scope<'s, 'env> {
     }
 
     fn request(&self, id: ReqId, elem_size: usize, check: Check) -> Request<'s> {
-        self.pending.borrow_mut().push((id, elem_size, check));
+        self.pending.borrow_mut().push_back((id, elem_size, check));
         Request { id, elem_size, check, done: None, _scope: PhantomData }
     }
 
@@ -186,7 +189,7 @@ impl<'s, 'env> Scope<'s, 'env> {
     fn forget(&self, id: ReqId) -> Result<()> {
         let mut p = self.pending.borrow_mut();
         let i = p.iter().position(|&(x, _, _)| x == id).ok_or(Error::StaleRequest(id.index()))?;
-        p.swap_remove(i);
+        p.remove(i);
         Ok(())
     }
 
